@@ -1,0 +1,5 @@
+"""`python -m importwatch`: the command line."""
+
+from importwatch.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,150 @@
+"""The command line: parse options, dispatch to the runner or a subcommand, own the exit codes."""
+
+from __future__ import annotations
+
+import sys
+
+from importwatch import __version__, config
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from importwatch.runner import Target
+
+EXIT_OK = 0
+EXIT_PROBLEM = 1
+EXIT_USAGE = 2
+
+SUBCOMMANDS = ("doctor", "bisect", "report")
+
+USAGE = """\
+usage: importwatch [OPTIONS] SCRIPT [ARGS...]
+       importwatch [OPTIONS] -m MODULE [ARGS...]
+       importwatch [OPTIONS] -c CODE [ARGS...]
+       importwatch doctor|bisect|report ...   (see importwatch COMMAND --help)
+
+Run a Python program as python would, logging the start and end of every import
+and native library load, flushed, and dumping every thread's stack when an
+import makes no progress for a while.
+
+options (each has an environment twin, used with IMPORTWATCH=1):
+  --timeout S       stall threshold in seconds; 0 turns the watchdog off
+                    (IMPORTWATCH_TIMEOUT, default 30)
+  --log PATH        also append every line to PATH; {pid} expands, a directory
+                    gets importwatch-PID.log, a .jsonl path gets JSON Lines
+                    (IMPORTWATCH_LOG)
+  --exit-on-stall   exit with status 1 after the first stall report
+                    (IMPORTWATCH_EXIT_ON_STALL=1)
+  -h, --help        show this help and exit
+  --version         show the version and exit
+
+Everything after SCRIPT, -m MODULE or -c CODE belongs to the program.
+"""
+
+
+class UsageError(Exception):
+    """Bad command line: one line on stderr, exit 2."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args and args[0] in SUBCOMMANDS:
+        return _subcommand(args[0], args[1:])
+    try:
+        options, target = parse(args)
+    except UsageError as error:
+        return _usage_error(str(error))
+    if options is None:
+        return EXIT_OK
+    return _run(options, target)
+
+
+def parse(args: list[str]) -> tuple[dict | None, Target | None]:
+    """Options up to the target; the target and everything after it untouched."""
+    from importwatch.runner import Target
+
+    options: dict = {}
+    index = 0
+    while index < len(args):
+        arg = args[index]
+        name, has_value, value = arg.partition("=") if arg.startswith("--") else (arg, False, "")
+        if arg in ("-h", "--help"):
+            sys.stdout.write(USAGE)
+            return None, None
+        if arg == "--version":
+            sys.stdout.write(f"importwatch {__version__}\n")
+            return None, None
+        if name in ("--timeout", "--log"):
+            if not has_value:
+                index += 1
+                if index >= len(args):
+                    raise UsageError(f"{name} needs a value")
+                value = args[index]
+            if name == "--timeout":
+                options["timeout"] = _checked(config.parse_timeout, value, "--timeout")
+            else:
+                if not value:
+                    raise UsageError("--log needs a path")
+                options["log"] = value
+        elif arg == "--exit-on-stall":
+            options["exit_on_stall"] = True
+        elif arg in ("-m", "-c"):
+            if index + 1 >= len(args):
+                raise UsageError(f"argument expected for the {arg} option")
+            kind = "module" if arg == "-m" else "code"
+            return options, Target(kind, args[index + 1], args[index + 2 :])
+        elif arg == "--":
+            index += 1
+            break
+        elif arg.startswith("-") and arg != "-":
+            raise UsageError(f"unknown option {arg!r}")
+        else:
+            break
+        index += 1
+    if index >= len(args):
+        raise UsageError("no program given: importwatch [OPTIONS] SCRIPT|-m MODULE|-c CODE")
+    if args[index] == "-":
+        raise UsageError("reading the program from stdin is not supported; give a file")
+    return options, Target("script", args[index], args[index + 1 :])
+
+
+def _checked(parser, value: str, source: str):
+    try:
+        return parser(value, source)
+    except config.ConfigError as error:
+        raise UsageError(str(error)) from None
+
+
+def _run(options: dict, target: Target) -> int:
+    from importwatch import runner, startup
+
+    try:
+        code, path = runner.prepare(target)
+    except runner.CannotRun as error:
+        return _usage_error(str(error))
+    except SyntaxError as error:
+        # python reports a broken script without a traceback, and exits 1; so do we.
+        sys.excepthook(type(error), error, None)
+        return EXIT_PROBLEM
+    env_settings, warnings = config.from_env()
+    settings = config.Settings(
+        timeout=options.get("timeout", env_settings.timeout),
+        log=options.get("log", env_settings.log),
+        exit_on_stall=options.get("exit_on_stall", env_settings.exit_on_stall),
+    )
+    startup.activate(settings, warnings, argv=target.describe())
+    runner.run(target, code, path)
+    return EXIT_OK
+
+
+def _subcommand(name: str, args: list[str]) -> int:
+    return _usage_error(f"'{name}' is not available in this version")
+
+
+def _usage_error(message: str) -> int:
+    sys.stderr.write(f"importwatch: error: {message}\n")
+    sys.stderr.flush()
+    return EXIT_USAGE
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,103 @@
+"""Settings from options and IMPORTWATCH_* variables, validated, with errors that name their source."""
+
+from __future__ import annotations
+
+import os
+
+DEFAULT_TIMEOUT = 30.0
+
+# Each option has an environment twin; the option wins.
+ENV_ON = "IMPORTWATCH"
+ENV_TIMEOUT = "IMPORTWATCH_TIMEOUT"
+ENV_LOG = "IMPORTWATCH_LOG"
+ENV_EXIT_ON_STALL = "IMPORTWATCH_EXIT_ON_STALL"
+
+_FALSE = ("", "0", "no", "false", "off")
+_TRUE = ("1", "yes", "true", "on")
+
+
+class ConfigError(ValueError):
+    """A bad setting; the message is one line that names the option or variable."""
+
+
+class Settings:
+    """What one traced process does; immutable once built."""
+
+    __slots__ = ("exit_on_stall", "log", "timeout")
+
+    def __init__(
+        self,
+        timeout: float = DEFAULT_TIMEOUT,
+        log: str | None = None,
+        exit_on_stall: bool = False,
+    ) -> None:
+        object.__setattr__(self, "timeout", timeout)
+        object.__setattr__(self, "log", log)
+        object.__setattr__(self, "exit_on_stall", exit_on_stall)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError("Settings are immutable")
+
+    def __repr__(self) -> str:
+        return f"Settings(timeout={self.timeout!r}, log={self.log!r}, exit_on_stall={self.exit_on_stall!r})"
+
+
+def is_on(environ: dict[str, str] | os._Environ[str] = os.environ) -> bool:
+    """True when IMPORTWATCH asks for tracing: set to anything but empty or 0."""
+    return environ.get(ENV_ON, "0") not in ("", "0")
+
+
+def parse_timeout(text: str, source: str) -> float:
+    """Seconds as a float >= 0 (0 turns the watchdog off)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(f"{source}: expected a number of seconds, got {text!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise ConfigError(f"{source}: expected a finite number of seconds >= 0, got {text!r}")
+    return value
+
+
+def parse_flag(text: str, source: str) -> bool:
+    """A yes/no variable: 1/yes/true/on or 0/no/false/off (or empty)."""
+    lowered = text.strip().lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise ConfigError(f"{source}: expected 1 or 0, got {text!r}")
+
+
+def from_env(
+    environ: dict[str, str] | os._Environ[str] = os.environ,
+) -> tuple[Settings, list[str]]:
+    """Settings from the IMPORTWATCH_* variables, and one warning per bad value.
+
+    A bad value never stops the program: the default is used and the caller
+    reports the warning once.
+    """
+    warnings: list[str] = []
+    timeout = DEFAULT_TIMEOUT
+    raw = environ.get(ENV_TIMEOUT)
+    if raw is not None and raw != "":
+        try:
+            timeout = parse_timeout(raw, ENV_TIMEOUT)
+        except ConfigError as error:
+            warnings.append(f"{error}; using {DEFAULT_TIMEOUT:g}")
+    exit_on_stall = False
+    raw = environ.get(ENV_EXIT_ON_STALL)
+    if raw is not None:
+        try:
+            exit_on_stall = parse_flag(raw, ENV_EXIT_ON_STALL)
+        except ConfigError as error:
+            warnings.append(f"{error}; using 0")
+    log = environ.get(ENV_LOG) or None
+    return Settings(timeout=timeout, log=log, exit_on_stall=exit_on_stall), warnings
+
+
+def expand_log_path(path: str, pid: int) -> str:
+    """The file a process writes to: {pid} expands; a directory gets one file per process."""
+    expanded = os.path.expanduser(path.replace("{pid}", str(pid)))
+    if os.path.isdir(expanded):
+        expanded = os.path.join(expanded, f"importwatch-{pid}.log")
+    return expanded

@@ -1,0 +1,261 @@
+"""The import hook: every import that misses sys.modules becomes a start event and an end event.
+
+Three hook points, each for something the others cannot see:
+
+- ``importlib._bootstrap._find_and_load`` is looked up by name on every import
+  that misses ``sys.modules``, whichever finder serves it (also those inserted
+  ahead of ours later, ``importlib.import_module``, imports made from C, and
+  ``from pkg import sub``). The start event is written there, before the module
+  lock is taken and before any finder runs, so a blocked file system or a lock
+  held by another thread is already named.
+- A ``sys.meta_path`` finder at the front marks the moment the finders start,
+  which tells a wait for another thread's module lock from a slow find. It finds
+  nothing itself, so every module keeps the spec and the loader it would have had.
+- ``importlib._bootstrap._load_unlocked`` marks the moment the loader starts and
+  the file it runs.
+"""
+
+from __future__ import annotations
+
+import _frozen_importlib as _bootstrap
+import _thread
+import sys
+import time
+import types
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing costs milliseconds at start-up; annotations alone need it
+    from typing import Any, Callable
+
+    from importwatch.log import Sink
+
+# Phases of an import in flight, as a stall report names them.
+WAITING = "waiting for the module lock"
+FINDING = "finding"
+LOADING = "loading"
+
+IMPORTLIB_FILENAME = _bootstrap._find_and_load.__code__.co_filename
+
+
+class Frame:
+    """One import, native load or phase in flight on one thread."""
+
+    __slots__ = ("detail", "kind", "name", "phase", "progress", "start")
+
+    def __init__(self, name: str, start: float, kind: str = "import") -> None:
+        self.name = name
+        self.kind = kind
+        self.start = start
+        self.progress = start  # last sign of life: the start, or the end of a nested step
+        self.phase = WAITING if kind == "import" else kind
+        self.detail = ""  # the file being run or loaded, when known
+
+    def describe(self, now: float) -> str:
+        if self.kind != "import":
+            return f"{self.name} ({now - self.start:.1f} s)"
+        where = f"{self.phase} {self.detail}" if self.detail else self.phase
+        return f"{self.name} ({where}, {now - self.start:.1f} s)"
+
+
+def as_importlib_frame(function: Callable, name: str | None = None) -> Callable:
+    """The same function, its frames filed under importlib's own file name.
+
+    CPython strips importlib's frames from the traceback of a failed import
+    (import.c, remove_importlib_frames), matching on the code's file name. Our
+    wrapper sits between them; under importlib's name it is stripped with them,
+    so tracebacks read exactly as they do without importwatch.
+    """
+    code = function.__code__.replace(co_filename=IMPORTLIB_FILENAME)
+    if name is not None:
+        code = code.replace(co_name=name)
+    clone = types.FunctionType(
+        code, function.__globals__, function.__name__, function.__defaults__, function.__closure__
+    )
+    clone.__qualname__ = function.__qualname__
+    return clone
+
+
+class ImportWatchFinder:
+    """The meta_path entry: marks that the finders have started, and finds nothing itself."""
+
+    def __init__(self, tracer: Tracer) -> None:
+        self._tracer = tracer
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> None:
+        stack = self._tracer.stacks.get(_thread.get_ident())
+        if stack and stack[-1].name == fullname:
+            stack[-1].phase = FINDING
+        return None
+
+    def invalidate_caches(self) -> None:
+        pass
+
+
+class Tracer:
+    """Keeps the imports in flight per thread and reports their start and end to the sink."""
+
+    def __init__(self, sink: Sink) -> None:
+        self.sink = sink
+        self.stacks: dict[int, list[Frame]] = {}
+        self.progress = time.monotonic()  # when the last event happened
+        self.on_start: dict[str, Callable[[str], None]] = {}
+        self.on_end: dict[str, Callable[[Any], None]] = {}
+        self.on_progress: Callable[[float], None] | None = None
+        self.finder = ImportWatchFinder(self)
+        self._saved: tuple[Callable, Callable] | None = None
+
+    # -- installing ------------------------------------------------------------
+    @property
+    def installed(self) -> bool:
+        return self._saved is not None
+
+    def install(self) -> None:
+        if self._saved is not None:
+            return
+        self._saved = (_bootstrap._find_and_load, _bootstrap._load_unlocked)
+        _bootstrap._find_and_load = as_importlib_frame(self._make_find_and_load(self._saved[0]))
+        _bootstrap._load_unlocked = as_importlib_frame(self._make_load_unlocked(self._saved[1]))
+        sys.meta_path.insert(0, self.finder)
+
+    def uninstall(self) -> None:
+        if self._saved is None:
+            return
+        _bootstrap._find_and_load, _bootstrap._load_unlocked = self._saved
+        self._saved = None
+        if self.finder in sys.meta_path:
+            sys.meta_path.remove(self.finder)
+
+    # -- the hot path ------------------------------------------------------------
+    def _make_find_and_load(self, original: Callable) -> Callable:
+        stacks = self.stacks
+        sink = self.sink
+        on_start = self.on_start
+        on_end = self.on_end
+        get_ident = _thread.get_ident
+        clock = time.monotonic
+        tracer = self
+
+        def _find_and_load(name: str, import_: Callable) -> Any:
+            if name in sys.modules:  # importlib.import_module of a loaded module, or a lock wait
+                return original(name, import_)
+            ident = get_ident()
+            stack = stacks.get(ident)
+            if stack is None:
+                stack = stacks[ident] = []
+            parent = stack[-1].name if stack else None
+            indent = "  " * len(stack)
+            hook = on_start.get(name)
+            if hook is not None:
+                tracer.safely(hook, name)
+            frame = Frame(name, clock())
+            stack.append(frame)
+            tracer.progress = frame.start
+            sink.event("import", f"{indent}> {name}", {"name": name, "parent": parent})
+            try:
+                module = original(name, import_)
+            except BaseException as error:
+                stack.pop()
+                now = clock()
+                if stack:
+                    stack[-1].progress = now
+                else:
+                    del stacks[ident]
+                tracer.progress = now
+                ms = (now - frame.start) * 1000.0
+                message = f"{type(error).__name__}: {error}"
+                sink.event(
+                    "import_end",
+                    f"{indent}< {name} {ms:.3f} ms failed {message}",
+                    {"name": name, "parent": parent, "ms": ms, "error": message},
+                )
+                if tracer.on_progress is not None:
+                    tracer.on_progress(now)
+                raise
+            stack.pop()
+            now = clock()
+            if stack:
+                stack[-1].progress = now
+            else:
+                del stacks[ident]
+            tracer.progress = now
+            ms = (now - frame.start) * 1000.0
+            sink.event(
+                "import_end", f"{indent}< {name} {ms:.3f} ms", {"name": name, "parent": parent, "ms": ms}
+            )
+            if tracer.on_progress is not None:
+                tracer.on_progress(now)
+            hook = on_end.get(name)
+            if hook is not None:
+                tracer.safely(hook, module)
+            return module
+
+        return _find_and_load
+
+    def _make_load_unlocked(self, original: Callable) -> Callable:
+        stacks = self.stacks
+        get_ident = _thread.get_ident
+
+        def _load_unlocked(spec: Any) -> Any:
+            stack = stacks.get(get_ident())
+            if stack and stack[-1].name == spec.name:
+                frame = stack[-1]
+                frame.phase = LOADING
+                origin = spec.origin
+                if spec.has_location and isinstance(origin, str):
+                    frame.detail = origin
+            return original(spec)
+
+        return _load_unlocked
+
+    # -- steps other than imports ------------------------------------------------
+    def push(self, name: str, kind: str, detail: str = "") -> tuple[Frame, int]:
+        """Put a native load or a phase in flight on this thread; returns it and its depth."""
+        ident = _thread.get_ident()
+        stack = self.stacks.get(ident)
+        if stack is None:
+            stack = self.stacks[ident] = []
+        frame = Frame(name, time.monotonic(), kind)
+        frame.detail = detail
+        stack.append(frame)
+        self.progress = frame.start
+        return frame, len(stack) - 1
+
+    def pop(self, frame: Frame) -> float:
+        """End a step put in flight by push(); returns the time it ended."""
+        ident = _thread.get_ident()
+        stack = self.stacks.get(ident)
+        now = time.monotonic()
+        if stack and stack[-1] is frame:
+            stack.pop()
+            if stack:
+                stack[-1].progress = now
+            else:
+                del self.stacks[ident]
+        self.progress = now
+        if self.on_progress is not None:
+            self.on_progress(now)
+        return now
+
+    # -- helpers -------------------------------------------------------------
+
+    def top(self) -> Frame | None:
+        """The innermost import in flight on the calling thread."""
+        stack = self.stacks.get(_thread.get_ident())
+        return stack[-1] if stack else None
+
+    def in_flight(self) -> dict[int, list[Frame]]:
+        """A snapshot of the chains in flight, per thread ident."""
+        return {ident: list(stack) for ident, stack in list(self.stacks.items()) if stack}
+
+    def safely(self, function: Callable, argument: Any) -> None:
+        """Run one of our own callbacks; a failure of ours is said once and never reaches the program."""
+        try:
+            function(argument)
+        except Exception as error:
+            self.sink.warn(f"internal error in {function.__name__}: {type(error).__name__}: {error}")
+
+    def after_fork_in_child(self) -> None:
+        """Only the forking thread survives a fork: drop the others' chains."""
+        ident = _thread.get_ident()
+        for other in [key for key in self.stacks if key != ident]:
+            del self.stacks[other]

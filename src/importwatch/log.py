@@ -1,0 +1,157 @@
+"""The sink: turns events into ASCII lines and writes each one, flushed, to stderr and the log file."""
+
+from __future__ import annotations
+
+import _thread
+import os
+import sys
+import time
+
+PREFIX = "importwatch"
+_STDERR = 2
+
+
+def escape(text: str) -> str:
+    """ASCII-only and one line: anything else as a backslash escape (\\xe9, \\n, \\x1b)."""
+    if text.isascii() and text.isprintable():
+        return text
+    return text.encode("unicode_escape").decode("ascii")
+
+
+class Channel:
+    """One file descriptor that lines go to; on the first failed write it says so once and stops."""
+
+    __slots__ = ("broken", "fd", "json", "name")
+
+    def __init__(self, fd: int, name: str, json: bool = False) -> None:
+        self.fd = fd
+        self.name = name
+        self.json = json
+        self.broken = False
+
+    def write(self, data: bytes) -> OSError | None:
+        """Write all of DATA; return the error that broke the channel, if one did."""
+        if self.broken:
+            return None
+        try:
+            while data:
+                data = data[os.write(self.fd, data) :]
+        except OSError as error:
+            self.broken = True
+            return error
+        return None
+
+
+class Sink:
+    """Writes one line per event, prefixed with pid, time and thread, to every open channel.
+
+    Each line goes out in a single os.write per channel: nothing is buffered, a
+    hung or killed process has already written everything it announced, and
+    lines from several processes appending to one file never interleave.
+    """
+
+    def __init__(self) -> None:
+        self.stderr = Channel(_STDERR, "stderr")
+        self.log: Channel | None = None
+        self.pid = 0
+        self.main_thread = 0
+        self._second = -1
+        self._clock = ""
+        self._head = ""
+        self._json = None
+        self.after_fork_in_child()
+
+    # -- set-up ------------------------------------------------------------
+    def open_log(self, path: str) -> bool:
+        """Append to PATH from now on (JSON Lines when it ends in .jsonl); on failure say so once."""
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as error:
+            self.warn(f"cannot open log file {path}: {error.strerror}; logging to stderr only")
+            return False
+        self.close_log()
+        self.log = Channel(fd, path, json=path.endswith(".jsonl"))
+        if self.log.json:
+            import json
+
+            self._json = json
+        return True
+
+    def close_log(self) -> None:
+        if self.log is not None:
+            try:
+                os.close(self.log.fd)
+            except OSError:
+                pass
+            self.log = None
+
+    @property
+    def log_path(self) -> str | None:
+        return self.log.name if self.log is not None else None
+
+    def dump_fd(self) -> int:
+        """Where faulthandler writes (it takes one descriptor): the text log if writable, else stderr."""
+        if self.log is not None and not self.log.broken and not self.log.json:
+            return self.log.fd
+        return _STDERR
+
+    def after_fork_in_child(self) -> None:
+        self.pid = os.getpid()
+        self.main_thread = _thread.get_ident()
+        self._head = f"[{PREFIX} {self.pid} "
+
+    # -- writing -------------------------------------------------------------
+    def event(self, kind: str, body: str, fields: dict | None = None) -> None:
+        """Write one event: BODY as a text line; KIND and FIELDS as well in a JSON log."""
+        now = time.time()
+        second = int(now)
+        if second != self._second:
+            self._second = second
+            self._clock = time.strftime("%H:%M:%S", time.localtime(second))
+        stamp = f"{self._clock}.{int((now - second) * 1000):03d}"
+        ident = _thread.get_ident()
+        thread = None if ident == self.main_thread else self.thread_name(ident)
+        if thread is None:
+            text = f"{self._head}{stamp}] {escape(body)}\n".encode("ascii")
+        else:
+            text = f"{self._head}{stamp} {thread}] {escape(body)}\n".encode("ascii")
+        self._write(self.stderr, text)
+        log = self.log
+        if log is not None:
+            if log.json:
+                record = {"time": now, "pid": self.pid, "thread": thread or "MainThread"}
+                record["kind"] = kind
+                if fields:
+                    record.update(fields)
+                record["text"] = body
+                self._write(log, (self._json.dumps(record) + "\n").encode("ascii"))
+            else:
+                self._write(log, text)
+
+    def raw(self, data: bytes) -> None:
+        """Bytes as they are, to stderr and a text log (faulthandler's dumps go through here)."""
+        self._write(self.stderr, data)
+        if self.log is not None and not self.log.json:
+            self._write(self.log, data)
+
+    def warn(self, message: str) -> None:
+        """A line about importwatch itself."""
+        self.event("warning", f"! {message}", {"message": message})
+
+    def thread_name(self, ident: int) -> str:
+        """The threading name of a thread, or its native id; no spaces, so lines stay parseable."""
+        if ident == self.main_thread:
+            return "MainThread"
+        # Never import threading here: the program may not use it.
+        threading = sys.modules.get("threading")
+        thread = threading._active.get(ident) if threading is not None else None
+        if thread is not None:
+            return escape(thread.name).replace(" ", "_").replace("]", ")")
+        if ident == _thread.get_ident():
+            return f"thread-{_thread.get_native_id()}"
+        return f"thread-{ident:#x}"
+
+    def _write(self, channel: Channel, data: bytes) -> None:
+        error = channel.write(data)
+        if error is not None and channel is not self.stderr:
+            self.warn(f"cannot write log file {channel.name}: {error.strerror}; logging to stderr only")

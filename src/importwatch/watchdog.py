@@ -1,0 +1,178 @@
+"""Stall detection: a heartbeat thread for full reports, and faulthandler's GIL-free timer for the rest.
+
+A Python thread cannot run while dlopen or a C constructor holds the GIL, so two
+mechanisms share the work. The heartbeat, a plain ``_thread`` thread waking a few
+times a second, writes the full report when it can run: the chains in flight in
+every thread, then faulthandler's dump. While it runs it keeps faulthandler's C
+timer armed for the moment the first stall report is due; if the GIL is held past
+that moment the heartbeat cannot cancel it, and faulthandler dumps the stacks on
+time, its frames naming the file in dlopen (see native.py).
+"""
+
+from __future__ import annotations
+
+import _thread
+import faulthandler
+import os
+import time
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from importwatch.hook import Frame, Tracer
+
+# Reports repeat while a stall lasts, each interval twice the one before.
+_GROWTH = 2.0
+# How late faulthandler may fire after the heartbeat would have reported.
+_GRACE = 0.3
+
+
+class Watchdog:
+    """Watches the steps in flight of one Tracer and reports those that make no progress."""
+
+    def __init__(self, tracer: Tracer, timeout: float, exit_on_stall: bool = False) -> None:
+        self.tracer = tracer
+        self.sink = tracer.sink
+        self.timeout = timeout
+        self.exit_on_stall = exit_on_stall
+        self.interval = min(0.25, timeout / 4)
+        self._running = False
+        self._generation = 0
+        self._armed_for: float | None = None  # the deadline faulthandler is armed for
+        self._stalled: dict[int, tuple[Frame, float, int]] = {}  # ident: frame, since, reports
+
+    # -- life cycle ---------------------------------------------------------------
+    def start(self) -> None:
+        if self._running:
+            return
+        self._running = True
+        self._generation += 1
+        self.tracer.on_progress = self._on_progress
+        _thread.start_new_thread(self._heartbeat, (self._generation,))
+
+    def stop(self) -> None:
+        self._running = False
+        self._generation += 1
+        self._disarm()
+        if self.tracer.on_progress == self._on_progress:
+            self.tracer.on_progress = None
+
+    def before_fork(self) -> None:
+        # A process forked while faulthandler's timer is armed can hang when the child exits.
+        self._disarm()
+
+    def after_fork(self, in_child: bool) -> None:
+        if in_child and self._running:
+            self._stalled.clear()
+            self._running = False
+            self.start()  # threads do not survive a fork
+
+    # -- the heartbeat ----------------------------------------------------------------
+    def _heartbeat(self, generation: int) -> None:
+        while self._running and generation == self._generation:
+            time.sleep(self.interval)
+            try:
+                self.check(time.monotonic())
+            except Exception as error:  # never let the watchdog die silently
+                self.sink.warn(f"watchdog error: {type(error).__name__}: {error}")
+
+    def check(self, now: float) -> None:
+        """One look at what is in flight: report stalls, keep faulthandler's deadline current."""
+        chains = self.tracer.in_flight()
+        if not chains:
+            self._disarm()
+            return
+        due: float | None = None
+        for ident, chain in chains.items():
+            top = chain[-1]
+            stalled = self._stalled.get(ident)
+            if stalled is not None and stalled[0] is not top:
+                stalled = None  # a new step since; _on_progress already said resumed
+            if stalled is None:
+                next_report = top.progress + self.timeout
+            else:
+                since, reports = stalled[1], stalled[2]
+                next_report = since + self.timeout * _GROWTH**reports
+            if now >= next_report:
+                self.report(now, chains, ident)
+                return
+            due = next_report if due is None else min(due, next_report)
+        if due is not None:
+            self._arm(due + _GRACE, now)
+
+    # -- reports ---------------------------------------------------------------------
+    def report(self, now: float, chains: dict[int, list[Frame]], culprit: int) -> None:
+        """Write a stall report: every chain in flight, then every thread's stack."""
+        self._disarm()
+        top = chains[culprit][-1]
+        previous = self._stalled.get(culprit)
+        since = previous[1] if previous is not None and previous[0] is top else top.progress
+        reports = previous[2] + 1 if previous is not None and previous[0] is top else 1
+        self._stalled[culprit] = (top, since, reports)
+        sink = self.sink
+        lines = [self._chain_line(culprit, chains[culprit], now)]
+        lines += [self._chain_line(i, c, now) for i, c in chains.items() if i != culprit]
+        sink.event(
+            "stall",
+            f"STALL {now - since:.1f} s without progress; in flight: {lines[0]}",
+            {"seconds": now - since, "chains": lines, "report": reports},
+        )
+        for line in lines[1:]:
+            sink.event("stall_thread", f"  also in flight: {line}", {"chain": line})
+        self._dump(b"Stacks of all threads (most recent call first):\n")
+        if self.exit_on_stall:
+            sink.event("exit", "exiting with status 1 (--exit-on-stall)")
+            os._exit(1)
+        self._arm(since + self.timeout * _GROWTH**reports + _GRACE, now)
+
+    def _chain_line(self, ident: int, chain: list[Frame], now: float) -> str:
+        name = self.sink.thread_name(ident)
+        return f"{name}: " + " > ".join(frame.describe(now) for frame in chain)
+
+    def _dump(self, header: bytes) -> None:
+        """faulthandler's dump of all threads to stderr, then to the text log."""
+        self.sink.raw(header)
+        for fd in (2, self.sink.dump_fd()):
+            try:
+                faulthandler.dump_traceback(fd, all_threads=True)
+            except (OSError, ValueError, RuntimeError):
+                pass
+            if fd == 2 and self.sink.dump_fd() == 2:
+                break
+
+    def _on_progress(self, now: float) -> None:
+        """Called by the tracer at each step's end: say when a stalled thread moved on."""
+        if not self._stalled and (self._armed_for is None or now < self._armed_for):
+            return
+        ident = _thread.get_ident()
+        stalled = self._stalled.pop(ident, None)
+        if stalled is not None:
+            frame, since, _ = stalled
+            self.sink.event(
+                "resumed",
+                f"RESUMED after {now - since:.1f} s: {frame.name} ended",
+                {"name": frame.name, "seconds": now - since},
+            )
+        elif self._armed_for is not None and now >= self._armed_for:
+            self._armed_for = None  # faulthandler fired while the GIL was held
+            self.sink.event("resumed", "RESUMED: progress again after the stall dumped above", {})
+
+    # -- faulthandler's timer -------------------------------------------------------------
+    def _arm(self, deadline: float, now: float) -> None:
+        if self._armed_for is not None and abs(self._armed_for - deadline) < 0.05:
+            return
+        try:
+            faulthandler.dump_traceback_later(
+                max(deadline - now, 0.01),
+                repeat=False,
+                file=self.sink.dump_fd(),
+                exit=self.exit_on_stall,
+            )
+        except (OSError, ValueError, RuntimeError) as error:
+            self.sink.warn(f"cannot arm faulthandler's timer: {error}")
+            return
+        self._armed_for = deadline
+
+    def _disarm(self) -> None:
+        if self._armed_for is not None:
+            faulthandler.cancel_dump_traceback_later()
+            self._armed_for = None
