@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 from importwatch import __version__, config
@@ -123,6 +124,7 @@ def _run(options: dict, target: Target) -> int:
         return _usage_error(str(error))
     except SyntaxError as error:
         # python reports a broken script without a traceback, and exits 1; so do we.
+        error.__traceback__ = None
         sys.excepthook(type(error), error, None)
         return EXIT_PROBLEM
     env_settings, warnings = config.from_env()
@@ -131,6 +133,8 @@ def _run(options: dict, target: Target) -> int:
         log=options.get("log", env_settings.log),
         exit_on_stall=options.get("exit_on_stall", env_settings.exit_on_stall),
     )
+    # The target's children (workers, torchrun's ranks) trace themselves through the .pth.
+    os.environ.update(config.to_env(settings))
     startup.activate(settings, warnings, argv=target.describe())
     runner.run(target, code, path)
     return EXIT_OK

@@ -95,9 +95,25 @@ def from_env(
     return Settings(timeout=timeout, log=log, exit_on_stall=exit_on_stall), warnings
 
 
-def expand_log_path(path: str, pid: int) -> str:
-    """The file a process writes to: {pid} expands; a directory gets one file per process."""
-    expanded = os.path.expanduser(path.replace("{pid}", str(pid)))
+def to_env(settings: Settings) -> dict[str, str]:
+    """The IMPORTWATCH_* variables that make a child process trace itself with SETTINGS."""
+    # A relative log path would land in each child's own working directory.
+    log = os.path.abspath(os.path.expanduser(settings.log)) if settings.log else ""
+    return {
+        ENV_ON: "1",
+        ENV_TIMEOUT: repr(settings.timeout),
+        ENV_LOG: log,
+        ENV_EXIT_ON_STALL: "1" if settings.exit_on_stall else "0",
+    }
+
+
+def expand_log_path(path: str, pid: int, rank: int | None = None) -> str:
+    """The file a process writes to: {pid} and {rank} expand; a directory gets one file per process.
+
+    {rank} is "norank" in a process that is not part of a distributed job (the launcher).
+    """
+    expanded = path.replace("{pid}", str(pid)).replace("{rank}", "norank" if rank is None else str(rank))
+    expanded = os.path.expanduser(expanded)
     if os.path.isdir(expanded):
         expanded = os.path.join(expanded, f"importwatch-{pid}.log")
     return expanded

@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 import re
 
-# [importwatch PID HH:MM:SS.mmm THREAD] BODY -- THREAD only when not the main thread.
-_TEXT = re.compile(r"^\[importwatch (\d+) (\d\d:\d\d:\d\d\.\d\d\d)(?: (\S+))?\] (.*)$")
+# [importwatch PID rRANK HH:MM:SS.mmm THREAD] BODY -- rRANK only in a distributed job (RANK or
+# LOCAL_RANK set), THREAD only when not the main thread.
+_TEXT = re.compile(r"^\[importwatch (\d+)(?: r(\d+))? (\d\d:\d\d:\d\d\.\d\d\d)(?: (\S+))?\] (.*)$")
 _END = re.compile(r"^(\S+) (\d+(?:\.\d+)?) ms(?: failed (.*))?$")
 _NATIVE_START = re.compile(r"^dlopen (.*) \((\S+)\)$")
+# Phases (named by the program, spaces allowed) and blocking steps (one word, then details).
+_PHASE_END = re.compile(r"^(.*?) (\d+(?:\.\d+)?) ms(?: failed (.*))?$")
 _NATIVE_END = re.compile(r"^dlopen (.*?) (\d+(?:\.\d+)?) ms(?: failed (.*?))?(?:; (.*))?$")
 
 # Kinds of events, as the "kind" field of a JSON line names them.
@@ -16,6 +19,11 @@ IMPORT = "import"
 IMPORT_END = "import_end"
 NATIVE = "native"
 NATIVE_END = "native_end"
+PHASE = "phase"
+PHASE_END = "phase_end"
+CHECKPOINT = "checkpoint"
+STEP = "step"
+STEP_END = "step_end"
 OTHER_KINDS = {
     "start ": "start",
     "env ": "env",
@@ -24,13 +32,15 @@ OTHER_KINDS = {
     "  also in flight: ": "stall_thread",
     "RESUMED ": "resumed",
     "! ": "warning",
+    "  context: ": "stall_context",
+    "fork ": "fork",
 }
 
 
 class Event:
     """One line of a log, whichever format it was written in."""
 
-    __slots__ = ("clock", "depth", "error", "kind", "ms", "name", "pid", "text", "thread", "time")
+    __slots__ = ("clock", "depth", "error", "kind", "ms", "name", "pid", "rank", "text", "thread", "time")
 
     def __init__(self, kind: str, pid: int, thread: str, text: str) -> None:
         self.kind = kind
@@ -43,6 +53,7 @@ class Event:
         self.depth = 0  # nesting in its thread, from the indentation (text logs)
         self.ms: float | None = None
         self.error: str | None = None
+        self.rank: int | None = None  # in a distributed job
 
     def __repr__(self) -> str:
         return f"Event({self.kind!r}, {self.pid}, {self.thread!r}, {self.name or self.text!r})"
@@ -56,11 +67,12 @@ def parse_line(line: str) -> Event | None:
     match = _TEXT.match(line)
     if match is None:
         return None
-    pid, clock, thread, body = match.groups()
+    pid, rank, clock, thread, body = match.groups()
     stripped = body.lstrip(" ")
     depth = (len(body) - len(stripped)) // 2
     event = _parse_body(stripped, int(pid), thread or "MainThread", body)
     event.clock = clock
+    event.rank = int(rank) if rank is not None else None
     event.depth = depth
     return event
 
@@ -78,6 +90,13 @@ def _parse_body(body: str, pid: int, thread: str, text: str) -> Event:
         if match:
             event.name, event.ms, event.error = match.group(1), float(match.group(2)), match.group(3)
         return event
+    # A module may be called phase or step: its end line `< phase 1.2 ms` reads as an import's.
+    if marker in (">", "<") and rest.startswith(("phase ", "step ")) and not _END.match(rest):
+        return _parse_phase_or_step(marker, rest, pid, thread, text)
+    if marker == "checkpoint":
+        event = Event(CHECKPOINT, pid, thread, text)
+        event.name = rest
+        return event
     if marker == ">":
         event = Event(IMPORT, pid, thread, text)
         event.name = rest
@@ -94,6 +113,20 @@ def _parse_body(body: str, pid: int, thread: str, text: str) -> Event:
     return Event("other", pid, thread, text)
 
 
+def _parse_phase_or_step(marker: str, rest: str, pid: int, thread: str, text: str) -> Event:
+    """`> phase NAME`, `< phase NAME 1.2 ms [failed ...]`, `> step NAME DETAILS`, `< step NAME 1.2 ms ...`."""
+    what, _, rest = rest.partition(" ")
+    if marker == ">":
+        event = Event(what, pid, thread, text)
+        event.name = rest if what == PHASE else rest.partition(" ")[0]
+        return event
+    event = Event(f"{what}_end", pid, thread, text)
+    match = (_PHASE_END if what == PHASE else _END).match(rest)
+    if match:
+        event.name, event.ms, event.error = match.group(1), float(match.group(2)), match.group(3)
+    return event
+
+
 def _parse_json(line: str) -> Event | None:
     try:
         record = json.loads(line)
@@ -107,5 +140,6 @@ def _parse_json(line: str) -> Event | None:
     event.name = str(record.get("name") or record.get("path") or "")
     event.ms = record.get("ms")
     event.error = record.get("error")
+    event.rank = record.get("rank")
     event.depth = (len(text) - len(text.lstrip(" "))) // 2
     return event

@@ -40,7 +40,7 @@ IMPORTLIB_FILENAME = _bootstrap._find_and_load.__code__.co_filename
 class Frame:
     """One import, native load or phase in flight on one thread."""
 
-    __slots__ = ("detail", "kind", "name", "phase", "progress", "start")
+    __slots__ = ("context", "detail", "kind", "name", "phase", "progress", "start", "timeout")
 
     def __init__(self, name: str, start: float, kind: str = "import") -> None:
         self.name = name
@@ -49,6 +49,10 @@ class Frame:
         self.progress = start  # last sign of life: the start, or the end of a nested step
         self.phase = WAITING if kind == "import" else kind
         self.detail = ""  # the file being run or loaded, when known
+        # A phase's or step's own stall threshold, counted from its start (None: the watchdog's,
+        # counted from the last progress), and what a stall report should add about it.
+        self.timeout: float | None = None
+        self.context: Callable[[], list[str]] | None = None
 
     def describe(self, now: float) -> str:
         if self.kind != "import":
@@ -101,6 +105,9 @@ class Tracer:
         self.on_start: dict[str, Callable[[str], None]] = {}
         self.on_end: dict[str, Callable[[Any], None]] = {}
         self.on_progress: Callable[[float], None] | None = None
+        # Called around steps that hold the GIL (a dlopen): the heartbeat cannot run then.
+        self.on_gil_held: Callable[[Frame], None] | None = None
+        self.on_gil_released: Callable[[Frame], None] | None = None
         self.finder = ImportWatchFinder(self)
         self._saved: tuple[Callable, Callable] | None = None
 
@@ -218,6 +225,8 @@ class Tracer:
         frame.detail = detail
         stack.append(frame)
         self.progress = frame.start
+        if kind == "native" and self.on_gil_held is not None:
+            self.on_gil_held(frame)
         return frame, len(stack) - 1
 
     def pop(self, frame: Frame) -> float:
@@ -231,6 +240,10 @@ class Tracer:
                 stack[-1].progress = now
             else:
                 del self.stacks[ident]
+        elif stack and frame in stack:  # a phase left out of order (a generator): never leave it behind
+            stack.remove(frame)
+        if frame.kind == "native" and self.on_gil_released is not None:
+            self.on_gil_released(frame)
         self.progress = now
         if self.on_progress is not None:
             self.on_progress(now)

@@ -18,6 +18,15 @@ def escape(text: str) -> str:
     return text.encode("unicode_escape").decode("ascii")
 
 
+def rank_from_env(environ: dict[str, str] | os._Environ[str] = os.environ) -> int | None:
+    """The process's rank in a distributed job: RANK, else LOCAL_RANK, when set to a number."""
+    for name in ("RANK", "LOCAL_RANK"):
+        value = environ.get(name, "").strip()
+        if value.isascii() and value.isdigit():
+            return int(value)
+    return None
+
+
 class Channel:
     """One file descriptor that lines go to; on the first failed write it says so once and stops."""
 
@@ -54,6 +63,7 @@ class Sink:
         self.stderr = Channel(_STDERR, "stderr")
         self.log: Channel | None = None
         self.pid = 0
+        self.rank: int | None = None
         self.main_thread = 0
         self._second = -1
         self._clock = ""
@@ -98,7 +108,12 @@ class Sink:
     def after_fork_in_child(self) -> None:
         self.pid = os.getpid()
         self.main_thread = _thread.get_ident()
-        self._head = f"[{PREFIX} {self.pid} "
+        self.set_rank(rank_from_env())
+
+    def set_rank(self, rank: int | None) -> None:
+        """Lines of a distributed job carry the process's rank after the pid: `[importwatch 4711 r1 ...`."""
+        self.rank = rank
+        self._head = f"[{PREFIX} {self.pid} " if rank is None else f"[{PREFIX} {self.pid} r{rank} "
 
     # -- writing -------------------------------------------------------------
     def event(self, kind: str, body: str, fields: dict | None = None) -> None:
@@ -120,6 +135,8 @@ class Sink:
         if log is not None:
             if log.json:
                 record = {"time": now, "pid": self.pid, "thread": thread or "MainThread"}
+                if self.rank is not None:
+                    record["rank"] = self.rank
                 record["kind"] = kind
                 if fields:
                     record.update(fields)

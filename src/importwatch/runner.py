@@ -46,7 +46,8 @@ def prepare(target: Target) -> tuple[types.CodeType | None, str | None]:
         import runpy
     if target.kind != "script":
         return None, None
-    path = os.path.abspath(target.value)
+    # Like python's own __file__: made absolute by joining the cwd, not normalised.
+    path = target.value if os.path.isabs(target.value) else os.path.join(os.getcwd(), target.value)
     if os.path.isdir(path) or _is_zip(path):
         import runpy  # noqa: F401
 

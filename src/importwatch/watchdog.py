@@ -47,6 +47,8 @@ class Watchdog:
         self._running = True
         self._generation += 1
         self.tracer.on_progress = self._on_progress
+        self.tracer.on_gil_held = self._guard
+        self.tracer.on_gil_released = self._unguard
         _thread.start_new_thread(self._heartbeat, (self._generation,))
 
     def stop(self) -> None:
@@ -55,6 +57,7 @@ class Watchdog:
         self._disarm()
         if self.tracer.on_progress == self._on_progress:
             self.tracer.on_progress = None
+            self.tracer.on_gil_held = self.tracer.on_gil_released = None
 
     def before_fork(self) -> None:
         # A process forked while faulthandler's timer is armed can hang when the child exits.
@@ -84,14 +87,11 @@ class Watchdog:
         due: float | None = None
         for ident, chain in chains.items():
             top = chain[-1]
-            stalled = self._stalled.get(ident)
-            if stalled is not None and stalled[0] is not top:
-                stalled = None  # a new step since; _on_progress already said resumed
-            if stalled is None:
-                next_report = top.progress + self.timeout
-            else:
-                since, reports = stalled[1], stalled[2]
-                next_report = since + self.timeout * _GROWTH**reports
+            limit = self._limit(top)
+            if limit <= 0:
+                continue  # a phase that asked never to be reported
+            since, reports = self._stall(ident, top)
+            next_report = since + limit * _GROWTH**reports
             if now >= next_report:
                 self.report(now, chains, ident)
                 return
@@ -104,9 +104,8 @@ class Watchdog:
         """Write a stall report: every chain in flight, then every thread's stack."""
         self._disarm()
         top = chains[culprit][-1]
-        previous = self._stalled.get(culprit)
-        since = previous[1] if previous is not None and previous[0] is top else top.progress
-        reports = previous[2] + 1 if previous is not None and previous[0] is top else 1
+        since, reports = self._stall(culprit, top)
+        reports += 1
         self._stalled[culprit] = (top, since, reports)
         sink = self.sink
         lines = [self._chain_line(culprit, chains[culprit], now)]
@@ -118,11 +117,43 @@ class Watchdog:
         )
         for line in lines[1:]:
             sink.event("stall_thread", f"  also in flight: {line}", {"chain": line})
+        for line in self._context(chains[culprit], now):
+            sink.event("stall_context", f"  context: {line}", {"context": line})
         self._dump(b"Stacks of all threads (most recent call first):\n")
         if self.exit_on_stall:
             sink.event("exit", "exiting with status 1 (--exit-on-stall)")
             os._exit(1)
-        self._arm(since + self.timeout * _GROWTH**reports + _GRACE, now)
+        self._arm(since + self._limit(top) * _GROWTH**reports + _GRACE, now)
+
+    def _limit(self, frame: Frame) -> float:
+        """A step's stall threshold: its own timeout (a phase's), or the watchdog's."""
+        return self.timeout if frame.timeout is None else frame.timeout
+
+    def _stall(self, ident: int, top: Frame) -> tuple[float, int]:
+        """When TOP's wait began, and how many stall reports it has had so far."""
+        # A step with its own timeout is timed from its start; any other from its last progress.
+        began = top.progress if top.timeout is None else top.start
+        stalled = self._stalled.get(ident)
+        if stalled is None or stalled[0] is not top or began > stalled[1]:
+            return began, 0  # a new step since, or progress inside it (a checkpoint)
+        return stalled[1], stalled[2]
+
+    def _context(self, chain: list[Frame], now: float) -> list[str]:
+        """What the phases and steps in flight add to a report: overrun timeouts, their environment.
+
+        Runs in the heartbeat thread; a step's context function may probe the
+        network, but only with short timeouts and with modules imported before.
+        """
+        lines = []
+        for frame in chain:
+            if frame.timeout is not None and frame.timeout > 0 and now - frame.start >= frame.timeout:
+                lines.append(f"{frame.name} has run {now - frame.start:.1f} s, past its timeout of {frame.timeout:g} s")
+            if frame.context is not None:
+                try:
+                    lines.extend(frame.context())
+                except Exception as error:
+                    lines.append(f"{frame.name}: no context ({type(error).__name__}: {error})")
+        return lines
 
     def _chain_line(self, ident: int, chain: list[Frame], now: float) -> str:
         name = self.sink.thread_name(ident)
@@ -155,6 +186,17 @@ class Watchdog:
         elif self._armed_for is not None and now >= self._armed_for:
             self._armed_for = None  # faulthandler fired while the GIL was held
             self.sink.event("resumed", "RESUMED: progress again after the stall dumped above", {})
+
+    def _guard(self, frame: Frame) -> None:
+        """Before a dlopen: the heartbeat may not run again until it returns, so arm the C timer now."""
+        deadline = frame.start + self.timeout + _GRACE
+        if self._armed_for is None or self._armed_for > deadline:
+            self._arm(deadline, frame.start)
+
+    def _unguard(self, frame: Frame) -> None:
+        """After a dlopen: a timer left armed could fire during a long C call outside any import."""
+        if self._armed_for is not None and not self._stalled:
+            self._disarm()
 
     # -- faulthandler's timer -------------------------------------------------------------
     def _arm(self, deadline: float, now: float) -> None:

@@ -1,0 +1,107 @@
+"""Tracing overhead: plain versus traced runs, alternating, medians and ratios.
+
+    python benchmarks/bench_overhead.py [--modules 4000] [--pairs 15] [--torch-pairs 15]
+
+Three figures, as the README reports them:
+- a generated tree of small modules: microseconds per import added by tracing
+  ((traced - plain) / number of imports), and the traced/plain ratio;
+- `python -c "import torch"` (when torch is installed): traced/plain ratio;
+- installed but off: the cost of the .pth line per interpreter start.
+Traced runs write every event to a log file and stderr to a file, as a job would.
+Uses the standard library only; each figure is a median over alternating pairs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import timeit
+from pathlib import Path
+
+
+def make_tree(root: Path, count: int) -> str:
+    """COUNT tiny modules in packages of 50, and the code that imports them all."""
+    lines = []
+    per_package = 50
+    for index in range(count):
+        package = root / f"bench_pkg{index // per_package}"
+        if not package.exists():
+            package.mkdir()
+            (package / "__init__.py").write_text("")
+        (package / f"mod{index}.py").write_text(f"VALUE = {index}\n")
+        lines.append(f"import bench_pkg{index // per_package}.mod{index}")
+    packages = (count + per_package - 1) // per_package
+    (root / "bench_all.py").write_text("\n".join(lines) + "\n")
+    return f"import bench_all  # {count} modules in {packages} packages"
+
+
+def run_once(code: str, env: dict[str, str], stderr_path: Path) -> float:
+    with open(stderr_path, "ab") as stderr:
+        began = time.perf_counter()
+        subprocess.run([sys.executable, "-c", code], env=env, stderr=stderr, stdout=subprocess.DEVNULL, check=True)
+        return time.perf_counter() - began
+
+
+def compare(code: str, pairs: int, env: dict[str, str], workdir: Path) -> tuple[float, float, float]:
+    """Median plain and traced seconds, and the median of the per-pair ratios."""
+    plain_env = {k: v for k, v in env.items() if not k.startswith("IMPORTWATCH")}
+    traced_env = dict(plain_env, IMPORTWATCH="1", IMPORTWATCH_LOG=str(workdir / "trace.log"))
+    run_once(code, plain_env, workdir / "plain.err")  # warm the page cache and bytecode caches
+    run_once(code, traced_env, workdir / "traced.err")
+    plain, traced = [], []
+    for _ in range(pairs):
+        plain.append(run_once(code, plain_env, workdir / "plain.err"))
+        traced.append(run_once(code, traced_env, workdir / "traced.err"))
+        (workdir / "trace.log").unlink(missing_ok=True)
+    ratios = [t / p for t, p in zip(traced, plain)]
+    return statistics.median(plain), statistics.median(traced), statistics.median(ratios)
+
+
+def pth_cost() -> float:
+    """Microseconds that the .pth line costs an interpreter start while tracing is off."""
+    line = (Path(__file__).resolve().parent.parent / "src" / "importwatch.pth").read_text()
+    env_value = os.environ.pop("IMPORTWATCH", None)
+    try:
+        code = compile(line, "importwatch.pth", "exec")
+        number = 100_000
+        return min(timeit.repeat(lambda: exec(code, {}), number=number, repeat=5)) / number * 1e6
+    finally:
+        if env_value is not None:
+            os.environ["IMPORTWATCH"] = env_value
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--modules", type=int, default=4000)
+    parser.add_argument("--pairs", type=int, default=15)
+    parser.add_argument("--torch-pairs", type=int, default=15)
+    args = parser.parse_args()
+    print(f"python {sys.version.split()[0]} at {sys.executable}")
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        tree = workdir / "tree"
+        tree.mkdir()
+        code = make_tree(tree, args.modules)
+        env = dict(os.environ, PYTHONPATH=str(tree), PYTHONDONTWRITEBYTECODE="")
+        plain, traced, ratio = compare(code, args.pairs, env, workdir)
+        imports = args.modules + (args.modules + 49) // 50 + 1
+        per_import = (traced - plain) / imports * 1e6
+        print(f"module tree: {imports} imports, plain {plain * 1000:.1f} ms, traced {traced * 1000:.1f} ms")
+        print(f"  overhead {per_import:.1f} us per import, traced/plain {ratio:.3f} (median of {args.pairs} pairs)")
+        has_torch = subprocess.run([sys.executable, "-c", "import torch"], capture_output=True).returncode == 0
+        if has_torch and args.torch_pairs:
+            plain, traced, ratio = compare("import torch", args.torch_pairs, dict(os.environ), workdir)
+            print(f"import torch: plain {plain * 1000:.0f} ms, traced {traced * 1000:.0f} ms")
+            print(f"  traced/plain {ratio:.3f} (median of {args.torch_pairs} pairs)")
+        else:
+            print("import torch: skipped (torch is not installed in this interpreter)")
+    print(f"installed but off: the .pth line costs {pth_cost():.2f} us per interpreter start")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,413 @@
+"""Runs one try of a program under the tracer in a child process and says how it ended: ok, hang or crash."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from importwatch.events import parse_line
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Callable
+
+OK = "ok"
+HANG = "hang"
+CRASH = "crash"
+ERROR = "error"  # the program could not be started at all
+STOPPED = "stopped"  # we stopped it: --max-time spent, or the search no longer needs it
+
+# How often a running child's log is read.
+_POLL = 0.02
+# Our own environment variables are not the program's: the child gets its settings as options.
+_OURS = ("IMPORTWATCH", "IMPORTWATCH_TIMEOUT", "IMPORTWATCH_LOG", "IMPORTWATCH_EXIT_ON_STALL")
+
+
+def grace(timeout: float) -> float:
+    """How long past the stall threshold a silent child may live before we kill it ourselves.
+
+    The child's own watchdog exits on a stall (heartbeat or faulthandler's timer);
+    this is the backstop for a child that cannot even do that (stopped by a signal,
+    faulthandler unavailable).
+    """
+    return 1.0 + timeout / 2
+
+
+class Step:
+    """One thing in flight in a thread: an import (name) or a native load (path)."""
+
+    __slots__ = ("kind", "name", "seq")
+
+    def __init__(self, kind: str, name: str, seq: int) -> None:
+        self.kind = kind
+        self.name = name
+        self.seq = seq
+
+
+class LogState:
+    """What a child's log says so far: the steps in flight per thread, what completed, what failed.
+
+    Fed the log's text as it grows; lines are parsed with events.parse_line.
+    """
+
+    def __init__(self) -> None:
+        self.started = False  # the tracer wrote its start line
+        self.stalled_thread: tuple[int, str] | None = None  # (pid, thread) a stall report named
+        self.stall_text = ""
+        self.exit_on_stall = False
+        self.stacks: dict[tuple[int, str], list[Step]] = {}
+        self.failures: dict[tuple[int, str], list[str]] = {}  # a failed import unwound to the top
+        self.warnings: list[tuple[int, int, str]] = []  # (seq, pid, "! text")
+        self.pids: list[int] = []  # in order of appearance; the first is the child itself
+        self._unwinding: dict[tuple[int, str], list[str]] = {}
+        self._first_start: dict[str, int] = {}  # module: seq of its first start, in the first pid
+        self._completed: dict[str, int] = {}  # module: seq of its start, once it ended well
+        self._seq = 0
+        self._rest = ""
+
+    def feed(self, text: str) -> None:
+        """Take the next piece of the log; a line cut short waits for its end."""
+        text = self._rest + text
+        lines = text.split("\n")
+        self._rest = lines.pop()
+        for line in lines:
+            self.add(line)
+
+    def add(self, line: str) -> None:
+        event = parse_line(line)
+        if event is None:
+            return
+        self._seq += 1
+        key = (event.pid, event.thread)
+        if event.pid not in self.pids:
+            self.pids.append(event.pid)
+        kind = event.kind
+        if kind in ("import", "native"):
+            self.stacks.setdefault(key, []).append(Step(kind, event.name, self._seq))
+            self._unwinding.pop(key, None)
+            if kind == "import":
+                self.failures.pop(key, None)
+                if event.pid == self.pids[0]:
+                    self._first_start.setdefault(event.name, self._seq)
+        elif kind in ("import_end", "native_end"):
+            self._pop(key, "import" if kind == "import_end" else "native", event.name)
+            if kind == "import_end":
+                self._ended(key, event.name, event.error)
+        elif kind == "start":
+            self.started = True
+        elif kind == "stall":
+            self.stall_text = event.text
+            self.stalled_thread = (event.pid, _stalled_thread_name(event.text) or event.thread)
+        elif kind == "exit":
+            self.exit_on_stall = True
+        elif kind == "warning":
+            self.warnings.append((self._seq, event.pid, event.text))
+
+    def _pop(self, key: tuple[int, str], kind: str, name: str) -> None:
+        stack = self.stacks.get(key)
+        if not stack:
+            return
+        # Pop down to the matching start; a missing line must not leave stale steps behind.
+        for index in range(len(stack) - 1, -1, -1):
+            if stack[index].kind == kind and stack[index].name == name:
+                del stack[index:]
+                break
+        if not stack:
+            del self.stacks[key]
+
+    def _ended(self, key: tuple[int, str], name: str, error: str | None) -> None:
+        if error is None:
+            self._unwinding.pop(key, None)
+            self.failures.pop(key, None)
+            if name in self._first_start and name not in self._completed:
+                self._completed[name] = self._first_start[name]
+            return
+        # A failed import: its parents fail next while the error propagates; at the top the
+        # whole chain is known, outermost first.
+        unwinding = self._unwinding.setdefault(key, [])
+        unwinding.append(name)
+        if key not in self.stacks:
+            self.failures[key] = list(reversed(unwinding))
+            del self._unwinding[key]
+
+    @property
+    def completed(self) -> list[str]:
+        """Imports of the process itself that ended well, each once, in the order they started."""
+        return sorted(self._completed, key=self._completed.__getitem__)
+
+    def culprit_stack(self) -> tuple[tuple[int, str] | None, list[Step]]:
+        """The thread whose steps are in flight and most likely stuck, and its steps."""
+        if self.stalled_thread is not None:
+            for key, stack in self.stacks.items():
+                if key[1] == self.stalled_thread[1] and key[0] == self.stalled_thread[0]:
+                    return key, stack
+        root = self.pids[0] if self.pids else None
+        # A hung dlopen holds the GIL, so the stuck thread is the one with a native load on top.
+        ranked = sorted(
+            self.stacks.items(),
+            key=lambda item: (
+                item[0][0] != root,
+                item[1][-1].kind != "native",
+                item[0][1] != "MainThread",
+                -len(item[1]),
+            ),
+        )
+        return ranked[0] if ranked else (None, [])
+
+    def failure_chain(self) -> list[str]:
+        """The chain of a failed import that ended the main thread's imports, if one did."""
+        root = self.pids[0] if self.pids else None
+        for key, chain in self.failures.items():
+            if key[0] == root and key[1] == "MainThread":
+                return chain
+        return next(iter(self.failures.values()), [])
+
+    def verdicts_since(self, seq: int, pid: int) -> list[str]:
+        """The "! ..." lines the process wrote since event SEQ."""
+        return [text for at, owner, text in self.warnings if at >= seq and owner == pid]
+
+
+def _stalled_thread_name(text: str) -> str | None:
+    """The thread a stall report names first: `STALL ... in flight: NAME: a > b`."""
+    _, found, rest = text.partition("in flight: ")
+    name, colon, _ = rest.partition(": ")
+    if not found or not colon or " " in name:
+        return None
+    return name
+
+
+class Outcome:
+    """How one try ended, and what its log said about the imports in flight."""
+
+    def __init__(self, kind: str, seconds: float, detail: str) -> None:
+        self.kind = kind
+        self.seconds = seconds
+        self.detail = detail  # one line: "died by SIGSEGV", "stall report", "exit status 0"
+        self.returncode: int | None = None
+        self.chain: list[str] = []  # imports in flight (or that failed), outermost first
+        self.native: str | None = None  # the file in dlopen, when one was in flight
+        self.verdicts: list[str] = []  # "! ..." lines written while the chain was in flight
+        self.completed: list[str] = []  # imports that ended well before, in the order they started
+        self.stderr_tail = ""
+
+    def reproduces(self, kind: str, culprit: str) -> bool:
+        """Whether this try ended the same way as the original run: same kind, same module stuck."""
+        return self.kind == kind and culprit in self.chain
+
+    def as_dict(self) -> dict:
+        return {
+            "result": self.kind,
+            "seconds": round(self.seconds, 3),
+            "detail": self.detail,
+            "returncode": self.returncode,
+            "chain": self.chain,
+            "native": self.native,
+        }
+
+
+class Trials:
+    """Runs tries of one program in fresh children, each under the tracer with the stall threshold.
+
+    Every child runs in its own process group, which is killed when its try ends,
+    so a fixture's own children do not outlive the try either.
+    """
+
+    def __init__(
+        self,
+        timeout: float,
+        workdir: str,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        deadline: float | None = None,
+    ) -> None:
+        self.timeout = timeout
+        self.workdir = workdir  # where logs go; the caller removes it
+        self.cwd = cwd or os.getcwd()
+        base = dict(os.environ if env is None else env)
+        for name in _OURS:
+            base.pop(name, None)
+        self.env = base
+        self.deadline = deadline  # time.monotonic() after which every try is stopped
+        self.stop = threading.Event()  # set: stop every running try
+        self._count = 0
+        self._lock = threading.Lock()
+
+    def number(self) -> int:
+        """The next try's number, counting from 1."""
+        with self._lock:
+            self._count += 1
+            return self._count
+
+    @property
+    def count(self) -> int:
+        return self._count
+
+    def command(self, target: list[str], log: str) -> list[str]:
+        timeout = f"{self.timeout:g}"
+        return [
+            sys.executable,
+            "-m",
+            "importwatch",
+            "--timeout",
+            timeout,
+            "--exit-on-stall",
+            "--log",
+            log,
+            *target,
+        ]
+
+    def run(
+        self,
+        target: list[str],
+        number: int,
+        env: dict[str, str] | None = None,
+        first: bool = False,
+        cancelled: Callable[[], bool] | None = None,
+    ) -> Outcome:
+        """Run TARGET (`-c CODE`, `-m MOD ...` or `SCRIPT ...`) once and classify how it ended.
+
+        FIRST marks the user's own program: with nothing in flight it may run on
+        quietly for a while (its imports are done); a `-c` try must end by itself.
+        """
+        log = os.path.join(self.workdir, f"try-{number}.jsonl")
+        errors = os.path.join(self.workdir, f"try-{number}.stderr")
+        state = LogState()
+        started = time.monotonic()
+        with open(os.devnull, "rb") as stdin, open(errors, "wb") as stderr:
+            child = subprocess.Popen(
+                self.command(target, log),
+                stdin=stdin,
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+                cwd=self.cwd,
+                env=self.env if env is None else env,
+                start_new_session=True,
+            )
+        try:
+            why = self._watch(child, log, state, first, cancelled)
+        finally:
+            _kill_group(child)
+        outcome = _classify(child.returncode, why, state, time.monotonic() - started, self.timeout, first)
+        outcome.stderr_tail = _tail(errors)
+        return outcome
+
+    def _watch(
+        self,
+        child: subprocess.Popen,
+        log: str,
+        state: LogState,
+        first: bool,
+        cancelled: Callable[[], bool] | None,
+    ) -> str | None:
+        """Follow the log until the child exits (None) or we must stop it (the reason why)."""
+        offset = 0
+        last_progress = time.monotonic()
+        silent_limit = self.timeout + grace(self.timeout)
+        while True:
+            exited = child.poll() is not None
+            offset, grown = _read_more(log, offset, state)
+            now = time.monotonic()
+            if grown:
+                last_progress = now
+            if exited:
+                _read_more(log, offset, state)
+                return None
+            if self.stop.is_set() or (cancelled is not None and cancelled()):
+                return STOPPED
+            if self.deadline is not None and now >= self.deadline:
+                return "max-time"
+            if now - last_progress >= silent_limit:
+                # In flight and silent: the watchdog should have ended it; it could not.
+                # Nothing in flight: a try has nothing left to do but exit, and the user's
+                # program is past its imports.
+                return "silent"
+            time.sleep(_POLL)
+
+
+def _read_more(path: str, offset: int, state: LogState) -> tuple[int, bool]:
+    try:
+        with open(path, "rb") as file:
+            file.seek(offset)
+            data = file.read()
+    except OSError:
+        return offset, False
+    if data:
+        state.feed(data.decode("utf-8", "replace"))
+    return offset + len(data), bool(data)
+
+
+def _kill_group(child: subprocess.Popen) -> None:
+    """SIGKILL the child's whole process group, then reap the child."""
+    try:
+        os.killpg(child.pid, signal.SIGKILL)
+    except OSError:
+        pass  # the group is empty already
+    child.wait()
+
+
+def _tail(path: str, limit: int = 4096) -> str:
+    """The last line of the child's stderr that is not ours (python's own error message)."""
+    try:
+        with open(path, "rb") as file:
+            file.seek(max(os.path.getsize(path) - limit, 0))
+            lines = file.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return ""
+    for line in reversed(lines):
+        if line.strip() and not line.startswith("[importwatch "):
+            return line.strip()
+    return ""
+
+
+def _classify(
+    returncode: int | None, why: str | None, state: LogState, seconds: float, timeout: float, first: bool
+) -> Outcome:
+    key, stack = state.culprit_stack()
+    if why in (STOPPED, "max-time"):
+        outcome = Outcome(STOPPED, seconds, "stopped (--max-time)" if why == "max-time" else "stopped")
+    elif why == "silent":
+        if stack:
+            outcome = Outcome(HANG, seconds, f"no progress for {seconds:.1f} s, killed")
+        elif first:
+            outcome = Outcome(OK, seconds, "imports done, program still running after them; stopped it")
+        else:
+            outcome = Outcome(HANG, seconds, "did not exit after its imports, killed")
+    elif not state.started:
+        outcome = Outcome(ERROR, seconds, f"could not start (exit status {returncode})")
+    elif state.stalled_thread is not None or state.exit_on_stall:
+        outcome = Outcome(HANG, seconds, "stall report")
+    elif returncode is not None and returncode < 0:
+        outcome = Outcome(CRASH, seconds, f"died by {_signal_name(-returncode)}")
+    elif stack:
+        # Ended with an import in flight: faulthandler's timer ends a stall that holds the GIL
+        # with status 1 and no report of ours; anything sooner is the process ending itself.
+        if returncode == 1 and seconds >= timeout * 0.9:
+            outcome = Outcome(HANG, seconds, "stall (faulthandler's timer)")
+        else:
+            outcome = Outcome(CRASH, seconds, f"exited with status {returncode} during an import")
+    elif returncode and state.failure_chain():
+        outcome = Outcome(CRASH, seconds, f"an import failed, exit status {returncode}")
+    else:
+        outcome = Outcome(OK, seconds, f"exit status {returncode}")
+    outcome.returncode = returncode
+    outcome.completed = state.completed
+    if stack:
+        outcome.chain = [step.name for step in stack if step.kind == "import"]
+        natives = [step.name for step in stack if step.kind == "native"]
+        outcome.native = natives[-1] if natives else None
+        if key is not None:
+            outcome.verdicts = state.verdicts_since(stack[0].seq, key[0])
+    elif outcome.kind == CRASH:
+        outcome.chain = state.failure_chain()
+    return outcome
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"

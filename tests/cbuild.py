@@ -1,0 +1,110 @@
+"""Build test fixtures: C shared libraries and CPython extensions compiled into a temporary folder,
+and stand-in torch packages laid out like the real one."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+
+
+def compiler() -> str:
+    """The system C compiler; the calling test is skipped when there is none."""
+    cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if cc is None:
+        pytest.skip("no C compiler (cc) on this machine")
+    return cc
+
+
+def _link_args(libs: list[Path] | tuple[Path, ...], rpath: bool) -> list[str]:
+    """Link each library by its file name (-l:NAME), so DT_NEEDED gets its soname, not a path."""
+    args = []
+    for lib in libs:
+        lib = Path(lib)
+        args += [f"-L{lib.parent}", f"-l:{lib.name}"]
+        if rpath:
+            args.append(f"-Wl,-rpath,{lib.parent}")
+    return args
+
+
+def _run(command: list[str]) -> None:
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    if done.returncode != 0:
+        raise RuntimeError(f"compile failed: {' '.join(command)}\n{done.stderr}")
+
+
+def compile_shared(
+    source: Path,
+    out: Path,
+    *,
+    soname: str | None = None,
+    libs: list[Path] | tuple[Path, ...] = (),
+    extra: list[str] | tuple[str, ...] = (),
+    rpath: bool = True,
+) -> Path:
+    """cc -shared -fPIC SOURCE -o OUT, with an optional soname, linked against LIBS (with an RPATH to
+    each one's folder unless RPATH is false)."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    command = [compiler(), "-shared", "-fPIC", "-o", str(out), str(source)]
+    if soname:
+        command.append(f"-Wl,-soname,{soname}")
+    _run(command + _link_args(libs, rpath) + list(extra))
+    return out
+
+
+def compile_extension(
+    source: Path,
+    out_dir: Path,
+    module_name: str,
+    *,
+    libs: list[Path] | tuple[Path, ...] = (),
+    extra: list[str] | tuple[str, ...] = (),
+    rpath: bool = True,
+) -> Path:
+    """A CPython extension OUT_DIR/NAME.cpython-XY-...so for this interpreter, from SOURCE.
+
+    MODULE_NAME is the last component of the module's name; the source gets it as the macro
+    MODULE_NAME (fixtures/cuda/kernels.c builds its PyInit function from it).
+    """
+    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+    include = sysconfig.get_paths()["include"]
+    if not Path(include, "Python.h").is_file():
+        pytest.skip(f"no Python.h for {sys.executable} in {include}")
+    return compile_shared(
+        source,
+        Path(out_dir) / f"{module_name}{suffix}",
+        libs=libs,
+        extra=[f"-I{include}", f"-DMODULE_NAME={module_name}", *extra],
+        rpath=rpath,
+    )
+
+
+def stand_in_torch(root: Path, version: str, cuda: str | None, *, hip: str | None = None) -> Path:
+    """ROOT/torch, a package whose version.py reads like a real torch build's; returns the package path.
+
+    Importing it works and sets torch.__version__ and torch.version.cuda, nothing else.
+    """
+    package = Path(root) / "torch"
+    package.mkdir(parents=True, exist_ok=True)
+    package.joinpath("__init__.py").write_text(
+        "from torch import version as version\nfrom torch.version import __version__ as __version__\n"
+    )
+    package.joinpath("version.py").write_text(
+        "from typing import Optional\n\n"
+        "__all__ = ['__version__', 'debug', 'cuda', 'git_version', 'hip', 'rocm', 'xpu']\n"
+        f"__version__ = {version!r}\n"
+        "debug = False\n"
+        f"cuda: Optional[str] = {cuda!r}\n"
+        "git_version = '0123456789abcdef0123456789abcdef01234567'\n"
+        f"hip: Optional[str] = {hip!r}\n"
+        "rocm: Optional[str] = None\n"
+        "xpu: Optional[str] = None\n"
+    )
+    return package

@@ -1,0 +1,143 @@
+"""Shared helpers: run importwatch as a user does, in a subprocess, and build the C fixtures."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "fixtures"
+
+
+# -- compiled fixtures ---------------------------------------------------------------
+def _cc() -> str:
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no C compiler on this machine")
+    return compiler
+
+
+def compile_extension(source: Path, out_dir: Path, module: str, extra: list[str] = ()) -> Path:
+    """Build SOURCE as the CPython extension MODULE (a dotted name) under OUT_DIR."""
+    *package, leaf = module.split(".")
+    target = out_dir.joinpath(*package, leaf + sysconfig.get_config_var("EXT_SUFFIX"))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    for depth in range(len(package)):
+        init = out_dir.joinpath(*package[: depth + 1], "__init__.py")
+        if not init.exists():
+            init.write_text("")
+    command = [
+        _cc(), "-shared", "-fPIC", "-O0", "-o", str(target), str(source),
+        f"-I{sysconfig.get_paths()['include']}",
+        f'-DMODULE_NAME="{module}"', f"-DMODULE_SYMBOL={leaf}", *extra,
+    ]  # fmt: skip
+    subprocess.run(command, check=True)
+    return target
+
+
+def compile_library(source: Path, target: Path, extra: list[str] = ()) -> Path:
+    """Build SOURCE as a plain shared library at TARGET."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    command = [_cc(), "-shared", "-fPIC", "-O0", "-o", str(target), str(source), *extra]
+    subprocess.run(command, check=True)
+    return target
+
+
+@pytest.fixture(scope="session")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder on which the hang fixtures are compiled once per session."""
+    out = tmp_path_factory.mktemp("built")
+    hang = FIXTURES / "hang"
+    compile_extension(hang / "blocking_ext.c", out, "hangext")
+    compile_extension(hang / "blocking_ext.c", out, "fastkern._kernels")
+    compile_extension(hang / "crashing_ext.c", out, "crashext")
+    compile_library(hang / "blocking_lib.c", out / "libblocking.so")
+    return out
+
+
+# -- running importwatch ----------------------------------------------------------------
+def clean_env(**extra: str) -> dict[str, str]:
+    """The environment minus any IMPORTWATCH_* the developer had set, plus EXTRA."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("IMPORTWATCH")}
+    env.pop("PYTHONPATH", None)
+    env.update(extra)
+    return env
+
+
+def importwatch(*args: str, **kwargs) -> subprocess.CompletedProcess:
+    """Run `python -m importwatch ARGS` to completion, text output captured."""
+    kwargs.setdefault("env", clean_env())
+    kwargs.setdefault("capture_output", True)
+    kwargs.setdefault("text", True)
+    kwargs.setdefault("timeout", 60)
+    return subprocess.run([sys.executable, "-m", "importwatch", *args], **kwargs)
+
+
+class Running:
+    """A process started in the background whose stderr goes to a file we can poll."""
+
+    def __init__(self, command: list[str], tmp_path: Path, env: dict[str, str], cwd: Path | None = None):
+        self.stderr_path = tmp_path / f"stderr-{time.monotonic_ns()}.txt"
+        self._stderr = open(self.stderr_path, "wb")  # noqa: SIM115  (closed in finish)
+        self.started = time.monotonic()
+        self.process = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self._stderr,
+            env=env, cwd=cwd, start_new_session=True,
+        )  # fmt: skip
+
+    @property
+    def stderr(self) -> str:
+        return self.stderr_path.read_text(errors="replace")
+
+    def wait_for(self, text: str, timeout: float) -> float:
+        """Seconds from start until TEXT appeared on stderr; fails after TIMEOUT."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if text in self.stderr:
+                return time.monotonic() - self.started
+            if self.process.poll() is not None and text not in self.stderr:
+                break
+            time.sleep(0.02)
+        pytest.fail(f"{text!r} did not appear within {timeout} s; stderr:\n{self.stderr}")
+
+    def kill(self) -> int:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        return self.finish()
+
+    def finish(self, timeout: float = 30) -> int:
+        try:
+            code = self.process.wait(timeout)
+        finally:
+            self._stderr.close()
+            if self.process.stdout:
+                self.process.stdout.close()
+        return code
+
+
+@pytest.fixture
+def start(tmp_path: Path):
+    """start(command, **env) runs COMMAND in the background; it is killed at the end of the test."""
+    running: list[Running] = []
+
+    def _start(command: list[str], cwd: Path | None = None, **extra: str) -> Running:
+        proc = Running(command, tmp_path, clean_env(**extra), cwd=cwd)
+        running.append(proc)
+        return proc
+
+    yield _start
+    for proc in running:
+        proc.kill()
+
+
+def traced(*args: str) -> list[str]:
+    """The command line of `python -m importwatch ARGS`."""
+    return [sys.executable, "-m", "importwatch", *args]

@@ -1,0 +1,111 @@
+"""IMPORTWATCH=1 switches tracing on at interpreter start from a real install; off costs nothing."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, clean_env
+
+pytestmark = pytest.mark.timeout(300)
+
+CHECK = "import sys; print('importwatch' in sys.modules, sorted(m for m in sys.modules if 'importwatch' in m))"
+
+
+def _python(env_dir: Path) -> str:
+    return str(env_dir / "bin" / "python")
+
+
+def _pip(env_dir: Path, *args: str) -> None:
+    subprocess.run(
+        [_python(env_dir), "-m", "pip", "install", "-q", "--disable-pip-version-check", *args],
+        check=True, env=clean_env(),
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """importwatch built as a wheel once per session, with the hatchling of the test environment."""
+    out = tmp_path_factory.mktemp("wheel")
+    try:
+        import hatchling  # noqa: F401
+    except ImportError:
+        pytest.skip("hatchling is needed to build the wheel (pip install hatchling)")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(ROOT)],
+        check=True, env=clean_env(),
+    )  # fmt: skip
+    return next(out.glob("importwatch-*.whl"))
+
+
+@pytest.fixture(scope="session")
+def installed(tmp_path_factory: pytest.TempPathFactory, wheel: Path) -> Path:
+    """A fresh virtual environment with the wheel installed the regular way."""
+    env_dir = tmp_path_factory.mktemp("venv-regular")
+    venv.create(env_dir, with_pip=True)
+    _pip(env_dir, "--no-deps", "--no-index", str(wheel))
+    return env_dir
+
+
+@pytest.fixture(scope="session")
+def editable(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh virtual environment with the checkout installed in editable mode."""
+    env_dir = tmp_path_factory.mktemp("venv-editable")
+    venv.create(env_dir, with_pip=True, system_site_packages=False)
+    try:
+        _pip(env_dir, "--no-deps", "-e", str(ROOT))
+    except subprocess.CalledProcessError:
+        pytest.skip("editable install needs hatchling from the package index, which is not reachable")
+    return env_dir
+
+
+@pytest.mark.parametrize("kind", ["installed", "editable"])
+def test_variable_switches_tracing_on_in_a_fresh_venv(kind: str, request: pytest.FixtureRequest) -> None:
+    env_dir = request.getfixturevalue(kind)
+    on = subprocess.run(
+        [_python(env_dir), "-c", "import json"], capture_output=True, text=True, env=clean_env(IMPORTWATCH="1")
+    )
+    assert on.returncode == 0
+    assert on.stderr.count("start python") == 1  # once, though site may process the .pth twice
+    assert "> json" in on.stderr and "< json" in on.stderr
+
+
+@pytest.mark.parametrize("kind", ["installed", "editable"])
+@pytest.mark.parametrize("value", [None, "", "0"])
+def test_off_means_not_even_imported(kind: str, value: str | None, request: pytest.FixtureRequest) -> None:
+    env_dir = request.getfixturevalue(kind)
+    env = clean_env() if value is None else clean_env(IMPORTWATCH=value)
+    off = subprocess.run([_python(env_dir), "-c", CHECK], capture_output=True, text=True, env=env)
+    assert off.stdout == "False []\n" and off.stderr == ""
+
+
+def test_children_inherit_the_variable_and_carry_their_pid(installed: Path) -> None:
+    code = (
+        "import subprocess, sys, os\n"
+        "print(os.getpid(), flush=True)\n"
+        "subprocess.run([sys.executable, '-c', 'import os; print(os.getpid())'])\n"
+    )
+    result = subprocess.run(
+        [_python(installed), "-c", code], capture_output=True, text=True, env=clean_env(IMPORTWATCH="1")
+    )
+    parent, child = result.stdout.split()
+    assert f"[importwatch {parent} " in result.stderr and f"[importwatch {child} " in result.stderr
+    assert parent != child
+
+
+def test_activation_error_is_one_line_and_the_program_runs(installed: Path, tmp_path: Path) -> None:
+    # A log path in a directory that does not exist: said once, tracing goes on to stderr.
+    env = clean_env(IMPORTWATCH="1", IMPORTWATCH_LOG=str(tmp_path / "no" / "such" / "dir" / "x.log"))
+    result = subprocess.run([_python(installed), "-c", "print('ran')"], capture_output=True, text=True, env=env)
+    assert result.returncode == 0 and result.stdout == "ran\n"
+    assert result.stderr.count("cannot open log file") == 1
+
+
+def test_pth_is_a_single_guarded_line() -> None:
+    lines = (ROOT / "src" / "importwatch.pth").read_text().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("import os;")
+    assert os.environ.get("IMPORTWATCH_NEVER_SET_IN_TESTS") is None

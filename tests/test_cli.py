@@ -1,0 +1,79 @@
+"""Bad input gets one clear line and exit 2; bad variables get one warning and the program runs."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import clean_env, importwatch
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--bogus", "x.py"], "unknown option '--bogus'"),
+        ([], "no program given"),
+        (["--timeout"], "--timeout needs a value"),
+        (["--timeout", "abc", "x.py"], "--timeout: expected a number of seconds, got 'abc'"),
+        (["--timeout=-1", "x.py"], "--timeout: expected a finite number of seconds >= 0, got '-1'"),
+        (["--timeout", "nan", "x.py"], "--timeout: expected a finite number of seconds >= 0"),
+        (["-m"], "argument expected for the -m option"),
+        (["-c"], "argument expected for the -c option"),
+        (["missing_script.py"], "can't open file"),
+        (["--log="], "--log needs a path"),
+    ],
+)
+def test_bad_usage_is_one_line_and_status_2(tmp_path: Path, args: list[str], message: str) -> None:
+    result = importwatch(*args, cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith("importwatch: error: ") and message in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_console_script_reports_bad_usage_too(tmp_path: Path) -> None:
+    script = Path(sys.executable).with_name("importwatch")
+    result = subprocess.run([str(script), "--bogus"], capture_output=True, text=True, env=clean_env())
+    assert result.returncode == 2 and result.stderr.startswith("importwatch: error: unknown option")
+
+
+def test_help_and_version(tmp_path: Path) -> None:
+    assert "usage: importwatch" in importwatch("--help").stdout
+    assert importwatch("--version").stdout.startswith("importwatch ")
+
+
+def test_script_named_like_a_subcommand_runs_as_dot_slash(tmp_path: Path) -> None:
+    (tmp_path / "doctor").write_text("print('the script ran')\n")
+    result = importwatch("./doctor", cwd=tmp_path)
+    assert result.returncode == 0 and result.stdout == "the script ran\n"
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "warning"),
+    [
+        ("IMPORTWATCH_TIMEOUT", "soon", "IMPORTWATCH_TIMEOUT: expected a number of seconds, got 'soon'; using 30"),
+        ("IMPORTWATCH_EXIT_ON_STALL", "maybe", "IMPORTWATCH_EXIT_ON_STALL: expected 1 or 0, got 'maybe'"),
+    ],
+)
+def test_bad_variable_warns_once_and_runs(name: str, value: str, warning: str) -> None:
+    result = importwatch("-c", "print('ran')", env=clean_env(**{name: value}))
+    assert result.returncode == 0 and result.stdout == "ran\n"
+    assert result.stderr.count(warning) == 1
+
+
+def test_bad_variable_in_env_mode_warns_once_and_runs() -> None:
+    env = clean_env(IMPORTWATCH="1", IMPORTWATCH_TIMEOUT="-5")
+    result = subprocess.run([sys.executable, "-c", "print('ran')"], capture_output=True, text=True, env=env)
+    assert result.returncode == 0 and result.stdout == "ran\n"
+    assert result.stderr.count("IMPORTWATCH_TIMEOUT: expected a finite number of seconds >= 0") == 1
+
+
+def test_options_win_over_variables(tmp_path: Path) -> None:
+    (tmp_path / "nap.py").write_text("import time\ntime.sleep(1.3)\n")
+    env = clean_env(IMPORTWATCH_TIMEOUT="0", PYTHONPATH=str(tmp_path))
+    result = importwatch("--timeout", "0.5", "-c", "import nap", env=env)
+    assert "STALL" in result.stderr

@@ -1,0 +1,194 @@
+"""The watchdog names the hung import, with the GIL held or not, within the threshold plus a second."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import traced
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _log_of(tmp_path: Path) -> Path:
+    return tmp_path / "trace.log"
+
+
+def test_hung_extension_is_named_before_dump(built: Path, tmp_path: Path, start) -> None:
+    log = _log_of(tmp_path)
+    so = next(built.glob("hangext*.so"))
+    proc = start(traced("--timeout", "1", "--log", str(log), "-c", "import hangext"), PYTHONPATH=str(built))
+    proc.wait_for(f"> dlopen {so} (hangext)", timeout=15)
+    began = time.monotonic()
+    # faulthandler takes one file: with --log, its dump goes to the log (stderr has the start lines).
+    _wait_in_file(log, "Timeout (0:00:01", timeout=15)
+    assert time.monotonic() - began <= 1 + 1.0
+    stderr = proc.stderr
+    # The start lines were written, flushed, before dlopen: module, file.
+    assert "> hangext\n" in stderr
+    # faulthandler's dump, GIL held: its frames name the file in dlopen.
+    assert f"dlopen {so} for hangext" in log.read_text()
+    proc.kill()
+    # The log file alone still names the culprit after a SIGKILL.
+    text = log.read_text()
+    assert "> hangext" in text and f"> dlopen {so} (hangext)" in text
+    assert "< hangext" not in text
+
+
+def _wait_in_file(path: Path, text: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and text in path.read_text(errors="replace"):
+            return
+        time.sleep(0.02)
+    pytest.fail(f"{text!r} not in {path} after {timeout} s")
+
+
+def test_gil_held_stall_dumps_on_stderr_within_a_second(built: Path, start) -> None:
+    proc = start(traced("--timeout", "1.5", "-c", "import hangext"), PYTHONPATH=str(built))
+    proc.wait_for("> dlopen", timeout=15)
+    began = time.monotonic()
+    proc.wait_for("Timeout (0:00:01.", timeout=15)
+    assert time.monotonic() - began <= 1.5 + 1.0, proc.stderr
+    assert "dlopen" in proc.stderr.split("Timeout", 1)[1]
+
+
+def test_ctypes_library_whose_constructor_blocks(built: Path, tmp_path: Path, start) -> None:
+    lib = built / "libblocking.so"
+    code = f"import ctypes; ctypes.CDLL({str(lib)!r})"
+    proc = start(traced("--timeout", "1", "-c", code))
+    proc.wait_for("Timeout", timeout=15)
+    assert f"> dlopen {lib} (ctypes)" in proc.stderr
+    assert f"dlopen {lib} for ctypes" in proc.stderr
+
+
+def test_extension_crash_is_logged_with_the_import_in_flight(built: Path, tmp_path: Path) -> None:
+    from conftest import clean_env, importwatch
+
+    log = _log_of(tmp_path)
+    result = importwatch("--log", str(log), "-c", "import crashext", env=clean_env(PYTHONPATH=str(built)))
+    assert result.returncode == -signal.SIGSEGV
+    text = log.read_text()
+    assert "Fatal Python error: Segmentation fault" in text
+    so = next(built.glob("crashext*.so"))
+    assert f"dlopen {so} for crashext" in text  # faulthandler's frame names the file
+    assert "> crashext" in result.stderr and "< crashext" not in result.stderr
+
+
+def _package(tmp_path: Path, files: dict[str, str]) -> Path:
+    for name, source in files.items():
+        path = tmp_path / "pkgs" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(source)
+    return tmp_path / "pkgs"
+
+
+def test_pure_python_stall_reports_the_chain_and_resumes(tmp_path: Path) -> None:
+    from conftest import clean_env, importwatch
+
+    root = _package(
+        tmp_path,
+        {
+            "outer.py": "import middle\n",
+            "middle.py": "import sleepy\n",
+            "sleepy.py": "import time\ntime.sleep(2.6)\n",
+        },
+    )
+    result = importwatch("--timeout", "1", "-c", "import outer", env=clean_env(PYTHONPATH=str(root)))
+    assert result.returncode == 0, result.stderr
+    stall = next(line for line in result.stderr.splitlines() if "STALL" in line)
+    assert "MainThread: outer (loading" in stall
+    assert "> middle (loading" in stall and "> sleepy (loading" in stall
+    assert str(root / "sleepy.py") in stall
+    assert "most recent call first" in result.stderr and 'sleepy.py", line 2' in result.stderr
+    # Repeats grow: one report at 1 s, the next at 2 s, then resumed.
+    assert result.stderr.count("STALL") == 2
+    assert "RESUMED after 2." in result.stderr and "sleepy ended" in result.stderr
+
+
+def test_two_threads_importing_at_once_are_both_named(tmp_path: Path) -> None:
+    from conftest import clean_env, importwatch
+
+    root = _package(
+        tmp_path,
+        {
+            "slow_a.py": "import time\ntime.sleep(1.8)\n",
+            "slow_b.py": "import time\ntime.sleep(1.8)\n",
+        },
+    )
+    code = (
+        "import threading\n"
+        "t = threading.Thread(target=__import__, args=('slow_b',), name='loader')\n"
+        "t.start(); import slow_a; t.join()\n"
+    )
+    result = importwatch("--timeout", "1", "-c", code, env=clean_env(PYTHONPATH=str(root)))
+    assert result.returncode == 0, result.stderr
+    report = [line for line in result.stderr.splitlines() if "STALL" in line or "also in flight" in line]
+    text = "\n".join(report)
+    assert "MainThread: slow_a" in text and "loader: slow_b" in text
+    assert " loader] > slow_b" in result.stderr  # lines of other threads carry the thread's name
+
+
+def test_exit_on_stall_ends_with_status_1(built: Path) -> None:
+    from conftest import clean_env, importwatch
+
+    result = importwatch(
+        "--timeout", "1", "--exit-on-stall", "-c", "import hangext", env=clean_env(PYTHONPATH=str(built))
+    )
+    assert result.returncode == 1
+    assert "Timeout" in result.stderr and "> dlopen" in result.stderr
+
+
+def test_exit_on_stall_gil_free(tmp_path: Path) -> None:
+    from conftest import clean_env, importwatch
+
+    root = _package(tmp_path, {"forever.py": "import time\ntime.sleep(600)\n"})
+    result = importwatch(
+        "--timeout", "1", "--exit-on-stall", "-c", "import forever", env=clean_env(PYTHONPATH=str(root))
+    )
+    assert result.returncode == 1
+    assert "STALL" in result.stderr and "forever (loading" in result.stderr
+    assert "exiting with status 1" in result.stderr
+
+
+def test_sigusr1_dumps_stacks_on_demand(tmp_path: Path, start) -> None:
+    code = "import sys, time; print('ready', flush=True); time.sleep(30)"
+    proc = start(traced("-c", code))
+    assert proc.process.stdout.readline() == b"ready\n"
+    proc.process.send_signal(signal.SIGUSR1)
+    proc.wait_for("most recent call first", timeout=10)
+    assert proc.process.poll() is None  # the program goes on
+
+
+def test_sigusr1_left_alone_when_program_has_a_handler(tmp_path: Path) -> None:
+    from conftest import importwatch
+
+    code = (
+        "import os, signal\n"
+        "signal.signal(signal.SIGUSR1, lambda *a: print('mine'))\n"
+        "os.kill(os.getpid(), signal.SIGUSR1)\n"
+    )
+    result = importwatch("-c", code)
+    assert result.stdout == "mine\n" and "most recent call first" not in result.stderr
+
+
+def test_watchdog_off_with_timeout_zero(tmp_path: Path) -> None:
+    from conftest import clean_env, importwatch
+
+    root = _package(tmp_path, {"nap.py": "import time\ntime.sleep(1.2)\n"})
+    result = importwatch("--timeout", "0", "-c", "import nap", env=clean_env(PYTHONPATH=str(root)))
+    assert result.returncode == 0 and "STALL" not in result.stderr and "< nap" in result.stderr
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="Linux only")
+def test_resumed_after_gil_held_stall(built: Path) -> None:
+    from conftest import clean_env, importwatch
+
+    env = clean_env(PYTHONPATH=str(built), HANG_SECONDS="2")
+    result = importwatch("--timeout", "1", "-c", "import hangext", env=env)
+    assert result.returncode == 0, result.stderr
+    assert "Timeout" in result.stderr
+    assert "RESUMED" in result.stderr and "< hangext" in result.stderr
