@@ -68,20 +68,26 @@ def compile_extension(
     extra: list[str] | tuple[str, ...] = (),
     rpath: bool = True,
 ) -> Path:
-    """A CPython extension OUT_DIR/NAME.cpython-XY-...so for this interpreter, from SOURCE.
+    """The CPython extension MODULE_NAME (dotted names make packages) under OUT_DIR, for this interpreter.
 
-    MODULE_NAME is the last component of the module's name; the source gets it as the macro
-    MODULE_NAME (fixtures/cuda/kernels.c builds its PyInit function from it).
+    The file is NAME.cpython-XY-...so after sysconfig's EXT_SUFFIX. As in conftest, the source gets
+    the macros MODULE_NAME (the dotted name, a string) and MODULE_SYMBOL (the last part, for PyInit_).
     """
     suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
     include = sysconfig.get_paths()["include"]
     if not Path(include, "Python.h").is_file():
         pytest.skip(f"no Python.h for {sys.executable} in {include}")
+    *package, leaf = module_name.split(".")
+    for depth in range(len(package)):
+        folder = Path(out_dir).joinpath(*package[: depth + 1])
+        folder.mkdir(parents=True, exist_ok=True)
+        if not (folder / "__init__.py").exists():
+            (folder / "__init__.py").write_text("")
     return compile_shared(
         source,
-        Path(out_dir) / f"{module_name}{suffix}",
+        Path(out_dir).joinpath(*package, f"{leaf}{suffix}"),
         libs=libs,
-        extra=[f"-I{include}", f"-DMODULE_NAME={module_name}", *extra],
+        extra=[f"-I{include}", f'-DMODULE_NAME="{module_name}"', f"-DMODULE_SYMBOL={leaf}", *extra],
         rpath=rpath,
     )
 

@@ -161,6 +161,8 @@ def _read(fd: int) -> DynamicInfo | None:
             rpath = value
         elif tag == _DT_RUNPATH:
             runpath = value
+    else:
+        raise _Corrupt  # every dynamic section ends with DT_NULL
     wanted = [*needed, *(value for value in (soname, rpath, runpath) if value is not None)]
     if not wanted:
         return DynamicInfo()

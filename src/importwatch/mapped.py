@@ -49,8 +49,8 @@ class MappedObjects:
         try:
             chunks = []
             while True:
-                # /proc files answer in pieces of about a page; ask for much more to make fewer calls.
-                chunk = os.read(fd, 1 << 20)
+                # The kernel answers a page or so per call, whatever the size asked (measured).
+                chunk = os.read(fd, 1 << 16)
                 if not chunk:
                     break
                 chunks.append(chunk)
