@@ -59,7 +59,7 @@ def build(work: Path) -> Path:
         [
             cc, "-shared", "-fPIC", "-o", str(target), str(ROOT / "fixtures" / "hang" / "blocking_ext.c"),
             f"-I{sysconfig.get_paths()['include']}", '-DMODULE_NAME="fastkern._kernels"',
-            "-DMODULE_SYMBOL=_kernels", str(runtime), f"-Wl,-rpath,{libs}",
+            "-DMODULE_SYMBOL=_kernels", "-Wl,--no-as-needed", str(runtime), f"-Wl,-rpath,{libs}",
         ],
         check=True,
     )  # fmt: skip
@@ -77,7 +77,9 @@ def main() -> int:
             sys.executable, "-m", "importwatch", "--timeout", "2", "--exit-on-stall",
             "run.py", "--log", "job.log",
         ]  # fmt: skip
-        print("$ PYTHONPATH=.../site-packages python -m importwatch --timeout 2 --exit-on-stall run.py --log job.log")
+        print(
+            "$ PYTHONPATH=.../site-packages python -m importwatch --timeout 2 --exit-on-stall run.py --log job.log"
+        )
         sys.stdout.flush()
         env = {"PYTHONPATH": str(work / "site-packages"), "PATH": "/usr/bin:/bin"}
         result = subprocess.run(command, cwd=job, env=env, stdin=subprocess.DEVNULL, timeout=60)

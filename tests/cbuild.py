@@ -24,7 +24,7 @@ def compiler() -> str:
 
 def _link_args(libs: list[Path] | tuple[Path, ...], rpath: bool) -> list[str]:
     """Link each library by its file name (-l:NAME), so DT_NEEDED gets its soname, not a path."""
-    args = []
+    args = ["-Wl,--no-as-needed"] if libs else []  # keep each one listed, used or not
     for lib in libs:
         lib = Path(lib)
         args += [f"-L{lib.parent}", f"-l:{lib.name}"]

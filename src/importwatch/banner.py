@@ -5,10 +5,13 @@ from __future__ import annotations
 import os
 import sys
 
+from importwatch.cuda import describe_torch, driver_verdicts, gpus
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+    from importwatch.cuda import TorchFacts
     from importwatch.log import Sink
 
 # Variables that decide where a job looks for libraries, devices and peers.
@@ -75,3 +78,18 @@ def torch_loaded(sink: Sink, torch: Any) -> None:
         f"torch {version} ({build}) at {where}",
         {"version": str(version), "cuda": cuda, "path": where},
     )
+
+
+def torch_before(sink: Sink, facts: TorchFacts | None, driver: str | None) -> None:
+    """Before torch starts importing: what its files say, so a hang inside `import torch` has it logged."""
+    if facts is None:
+        return
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    line = describe_torch(facts, driver, gpus(), visible)
+    sink.event(
+        "torch",
+        f"{line} (from its files, before import)",
+        {"version": facts.version, "cuda": facts.cuda, "path": facts.path, "driver": driver},
+    )
+    for verdict in driver_verdicts(facts, driver):
+        sink.event("verdict", f"! {verdict}", {"verdict": verdict})

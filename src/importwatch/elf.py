@@ -9,17 +9,18 @@ well-formed ELF file gives None; nothing here raises.
 from __future__ import annotations
 
 import os
-import struct
+import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Iterable, Sequence
 
 # Enough for the ELF header and, in every linker's usual layout, the program headers after it.
 _HEAD = 4096
 _PT_LOAD, _PT_DYNAMIC = 1, 2
 _DT_NULL, _DT_NEEDED, _DT_STRTAB, _DT_STRSZ, _DT_SONAME, _DT_RPATH, _DT_RUNPATH = 0, 1, 5, 10, 14, 15, 29
-# A dynamic segment has tens of entries; libtorch_cpu.so has 40. More than this is corruption.
+# A dynamic segment has tens of entries (libtorch_cpu.so: 40), a program header table about ten.
+# A table larger than this is corruption.
 _MAX_DYNAMIC = 1 << 20
 _MAX_STRING = 1 << 16  # longer than any real library name or search path
 _PN_XNUM = 0xFFFF  # e_phnum's escape: the real count is in section header 0
@@ -78,6 +79,21 @@ def _pread(fd: int, size: int, offset: int) -> bytes:
     return data
 
 
+def _number(data: bytes, offset: int, size: int, order: str) -> int:
+    field = data[offset : offset + size]
+    if len(field) != size:
+        raise _Corrupt
+    return int.from_bytes(field, order)
+
+
+def _words(data: bytes, size: int, order: str) -> Sequence[int]:
+    """DATA as unsigned SIZE-byte words; a memoryview cast when the byte order is this machine's."""
+    data = data[: len(data) - len(data) % size]
+    if order == sys.byteorder:
+        return memoryview(data).cast("Q" if size == 8 else "I")
+    return [int.from_bytes(data[index : index + size], order) for index in range(0, len(data), size)]
+
+
 def read_dynamic(path: str) -> DynamicInfo | None:
     """The dynamic section of the ELF file at PATH, or None if it is not a readable, well-formed ELF file."""
     try:
@@ -86,7 +102,7 @@ def read_dynamic(path: str) -> DynamicInfo | None:
         return None
     try:
         return _read(fd)
-    except (OSError, ValueError, OverflowError, struct.error, _Corrupt, UnicodeError, MemoryError):
+    except (OSError, ValueError, OverflowError, _Corrupt, UnicodeError, MemoryError):
         return None
     finally:
         os.close(fd)
@@ -94,61 +110,64 @@ def read_dynamic(path: str) -> DynamicInfo | None:
 
 def _read(fd: int) -> DynamicInfo | None:
     head = os.pread(fd, _HEAD, 0)
-    if len(head) < 52 or head[:4] != b"\x7fELF":
+    if len(head) < 52 or head[:4] != b"\x7fELF" or head[4] not in (1, 2) or head[5] not in (1, 2):
         return None
+    # struct would do, but _struct is an extension module, and nothing here may load one.
+    order = "little" if head[5] == 1 else "big"
     wide = head[4] == 2
-    if head[4] not in (1, 2) or head[5] not in (1, 2):
-        return None
-    order = "<" if head[5] == 1 else ">"
-    if wide:
-        if len(head) < 64:
-            return None
-        phoff, shoff = struct.unpack_from(order + "QQ", head, 32)
-        phentsize, phnum, shentsize = struct.unpack_from(order + "HHH", head, 54)
-        ph_format, ph_size = order + "IIQQQQQQ", 56
-        dyn_format, dyn_size = order + "qQ", 16
-    else:
-        phoff, shoff = struct.unpack_from(order + "II", head, 28)
-        phentsize, phnum, shentsize = struct.unpack_from(order + "HHH", head, 42)
-        ph_format, ph_size = order + "IIIIIIII", 32
-        dyn_format, dyn_size = order + "iI", 8
+    # Offsets of the fields used, in ELF64 and ELF32: e_phoff, e_shoff, e_phentsize, e_phnum, e_shentsize.
+    word = 8 if wide else 4
+    phoff = _number(head, 32 if wide else 28, word, order)
+    shoff = _number(head, 40 if wide else 32, word, order)
+    phentsize, phnum, shentsize = (_number(head, (54 if wide else 42) + 2 * i, 2, order) for i in range(3))
     if phnum == _PN_XNUM:
         # sh_info of section header 0: offset 44 in ELF64, 28 in ELF32.
-        phnum = struct.unpack_from(order + "I", _pread(fd, shentsize, shoff), 44 if wide else 28)[0]
+        phnum = _number(_pread(fd, shentsize, shoff), 44 if wide else 28, 4, order)
     if phnum == 0:
         return None
-    if phentsize < ph_size:
+    if phentsize < (56 if wide else 32):
         raise _Corrupt
     table_size = phentsize * phnum
+    if table_size > _MAX_DYNAMIC:
+        raise _Corrupt  # os.pread would first allocate whatever size a damaged header asks for
     if phoff + table_size <= len(head):
         table = head[phoff : phoff + table_size]
     else:
         table = _pread(fd, table_size, phoff)
 
+    # p_offset, p_vaddr, p_filesz: at 8, 16, 32 in ELF64 (after p_type, p_flags); at 4, 8, 16 in ELF32.
+    at_offset, at_vaddr, at_filesz = (8, 16, 32) if wide else (4, 8, 16)
     loads = []  # (vaddr, filesz, offset)
     dynamic = None  # (offset, filesz)
-    for index in range(phnum):
-        fields = struct.unpack_from(ph_format, table, index * phentsize)
-        if wide:
-            p_type, _flags, p_offset, p_vaddr, _paddr, p_filesz = fields[:6]
-        else:
-            p_type, p_offset, p_vaddr, _paddr, p_filesz = fields[:5]
+    for entry in range(0, table_size, phentsize):
+        p_type = _number(table, entry, 4, order)
         if p_type == _PT_LOAD:
-            loads.append((p_vaddr, p_filesz, p_offset))
+            loads.append(
+                (
+                    _number(table, entry + at_vaddr, word, order),
+                    _number(table, entry + at_filesz, word, order),
+                    _number(table, entry + at_offset, word, order),
+                )
+            )
         elif p_type == _PT_DYNAMIC and dynamic is None:
-            dynamic = (p_offset, p_filesz)
+            dynamic = (
+                _number(table, entry + at_offset, word, order),
+                _number(table, entry + at_filesz, word, order),
+            )
     if dynamic is None:
         return DynamicInfo()  # statically linked: it asks nothing of the dynamic linker
     offset, size = dynamic
-    if size > _MAX_DYNAMIC or size < dyn_size:
+    if size > _MAX_DYNAMIC or size < 2 * word:
         raise _Corrupt
-    raw = _pread(fd, size - size % dyn_size, offset)
+    words = _words(_pread(fd, size - size % (2 * word), offset), word, order)
 
     needed: list[int] = []
     soname = rpath = runpath = strtab = strsz = None
-    for tag, value in struct.iter_unpack(dyn_format, raw):
+    for index in range(0, len(words), 2):  # (d_tag, d_val) pairs
+        tag = words[index]
         if tag == _DT_NULL:
             break
+        value = words[index + 1]
         if tag == _DT_NEEDED:
             needed.append(value)
         elif tag == _DT_STRTAB:
@@ -186,13 +205,13 @@ def _read(fd: int) -> DynamicInfo | None:
 
 
 class _Strings:
-    """Strings of the dynamic string table, read in one block when they lie close together.
+    """Strings of the dynamic string table: one read when they lie close together, else one each.
 
-    libtorch_cpu.so's table is tens of megabytes of symbol names; the library
-    names sit together near its start, so one small read usually serves all.
+    libtorch_cpu.so's table is megabytes of symbol names, its library names
+    scattered among them: reading the span would cost more than ten small reads.
     """
 
-    def __init__(self, fd: int, base: int, size: int, offsets: Iterable[int]) -> None:
+    def __init__(self, fd: int, base: int, size: int, offsets: Sequence[int]) -> None:
         self.fd, self.base, self.size = fd, base, size
         low, high = min(offsets), max(offsets)
         if high >= size:
@@ -207,11 +226,12 @@ class _Strings:
             end = self.block.find(b"\0", start)
             if end >= 0:
                 return os.fsdecode(self.block[start:end])
-        data = os.pread(self.fd, min(_MAX_STRING, self.size - offset), self.base + offset)
-        end = data.find(b"\0")
-        if end < 0:
-            raise _Corrupt
-        return os.fsdecode(data[:end])
+        for size in (256, _MAX_STRING):  # a name is short; a search path may be long
+            data = os.pread(self.fd, min(size, self.size - offset), self.base + offset)
+            end = data.find(b"\0")
+            if end >= 0:
+                return os.fsdecode(data[:end])
+        raise _Corrupt
 
 
 # Library-name stems of the CUDA toolkit, cuDNN, NCCL, the driver and torch's CUDA parts. A stem is

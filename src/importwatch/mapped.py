@@ -100,6 +100,14 @@ class MappedObjects:
             self._names.update(soname_candidates(path.rsplit("/", 1)[-1]))
         return new
 
+    def note(self, path: str) -> None:
+        """Record PATH, just loaded without a rescan, so a later rescan does not count it as new then."""
+        real = os.path.realpath(path)  # maps names the file a symlink points to
+        if real not in self.paths:
+            self.paths[real] = None
+            self._names.update(soname_candidates(os.path.basename(real)))
+            self._names.add(os.path.basename(path))
+
     def known_names(self) -> frozenset[str]:
         """Basenames of the mapped objects, and the sonames each basename may stand for."""
         return frozenset(self._names)

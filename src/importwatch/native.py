@@ -9,15 +9,21 @@ after the file, so faulthandler's dump of the hung thread names it too.
 from __future__ import annotations
 
 import _frozen_importlib_external as _external
+import os
 import sys
 
+from importwatch.cuda import driver_version, explain_load_error, find_torch, native_verdicts
+from importwatch.elf import cuda_needs, read_dynamic
 from importwatch.hook import as_importlib_frame
+from importwatch.mapped import MappedObjects
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable
 
-    from importwatch.hook import Tracer
+    from importwatch.cuda import TorchFacts
+    from importwatch.elf import DynamicInfo
+    from importwatch.hook import Frame, Tracer
 
 
 def _call(function: Callable, *args: Any) -> Any:
@@ -44,6 +50,8 @@ class NativeLoads:
         self._create_module: Callable | None = None
         self._ctypes: Any = None
         self._ctypes_dlopen: Callable | None = None
+        self._facts: tuple[TorchFacts | None, str | None] | None = None
+        self._objects: MappedObjects | None = None
 
     def install(self) -> None:
         if self._create_module is None:
@@ -91,12 +99,16 @@ class NativeLoads:
         ctypes._dlopen = _dlopen
 
     def load(self, function: Callable, args: tuple, path: str, owner: str) -> Any:
-        """Call FUNCTION(*ARGS), which dlopens PATH for OWNER, between a start and an end line."""
+        """Call FUNCTION(*ARGS), which dlopens PATH for OWNER, between a start and an end line.
+
+        Before the call, everything a hang report needs is already written: the
+        file, the CUDA libraries it links, and any verdict about them.
+        """
         tracer = self.tracer
         frame, depth = tracer.push(f"dlopen {path}", "native", path)
         indent = "  " * depth
-        fields = {"path": path, "owner": owner}
-        self.sink.event("native", f"{indent}> dlopen {path} ({owner})", fields)
+        fields: dict[str, Any] = {"path": path, "owner": owner}
+        rescan = self._announce(frame, indent, fields)
         try:
             result = _named_call(path, owner)(function, *args)
         except BaseException as error:
@@ -105,11 +117,81 @@ class NativeLoads:
             message = f"{type(error).__name__}: {error}"
             fields.update(ms=ms, error=message)
             self.sink.event("native_end", f"{indent}< dlopen {path} {ms:.3f} ms failed {message}", fields)
+            if isinstance(error, (ImportError, OSError)):
+                self._explain(str(error), path)
             raise
         now = tracer.pop(frame)
         ms = (now - frame.start) * 1000.0
         fields["ms"] = ms
-        self.sink.event("native_end", f"{indent}< dlopen {path} {ms:.3f} ms", fields)
+        listing = self._pulled_in(rescan, path, fields)
+        self.sink.event("native_end", f"{indent}< dlopen {path} {ms:.3f} ms{listing}", fields)
         return result
+
+    def _announce(self, frame: Frame, indent: str, fields: dict[str, Any]) -> bool:
+        """The start line and any verdict, before dlopen; True when the mapped set may grow."""
+        path = fields["path"]
+        try:
+            info = read_dynamic(path) if os.sep in path else None  # a bare ctypes name is no file yet
+            needs = cuda_needs(info.needed) if info is not None else []
+        except Exception as error:  # never let our reading of the file stop the load
+            self.tracer.internal_error("reading ELF", error)
+            info, needs = None, []
+        needing = ""
+        if needs:
+            fields["needs"] = needs
+            needing = f" needs {', '.join(needs)}"
+        self.sink.event("native", f"{indent}> dlopen {path} ({fields['owner']}){needing}", fields)
+        try:
+            if needs:
+                self._say_verdicts(frame, path, info)
+            return info is None or self._mapped().needs_rescan(info.needed)
+        except Exception as error:
+            self.tracer.internal_error("CUDA verdicts", error)
+            return False
+
+    # -- what a load says beyond its start and end -----------------------------------------
+    def torch_facts(self) -> tuple[TorchFacts | None, str | None]:
+        """torch and the driver as their files describe them, read once, when first needed."""
+        if self._facts is None:
+            self._facts = (find_torch(), driver_version())
+        return self._facts
+
+    def _say_verdicts(self, frame: Frame, path: str, info: DynamicInfo) -> None:
+        torch, driver = self.torch_facts()
+        verdicts = native_verdicts(path, info, torch, driver)
+        for verdict in verdicts:
+            self.sink.event("verdict", f"! {verdict}", {"path": path, "verdict": verdict})
+        if verdicts:
+            frame.context = lambda: [f"! {verdict}" for verdict in verdicts]
+
+    def _explain(self, message: str, path: str) -> None:
+        torch, _ = self.torch_facts()
+        cause = explain_load_error(message, path, torch)
+        if cause:
+            self.sink.event("verdict", f"! {cause}", {"path": path, "verdict": cause})
+
+    def _mapped(self) -> MappedObjects:
+        if self._objects is None:
+            self._objects = MappedObjects()
+        return self._objects
+
+    def _pulled_in(self, rescan: bool, path: str, fields: dict[str, Any]) -> str:
+        """The shared objects this load mapped besides the file itself, as the end line's tail."""
+        try:
+            mapped = self._mapped()
+            if not rescan:
+                mapped.note(path)
+                return ""
+            new = mapped.rescan()
+            if new:
+                itself = os.path.realpath(path)
+                new = [other for other in new if other != itself]
+        except Exception as error:
+            self.tracer.internal_error("listing mapped objects", error)
+            return ""
+        if not new:
+            return ""
+        fields["mapped"] = new
+        return f"; mapped {len(new)} new: {', '.join(new)}"
 
     load = as_importlib_frame(load)
