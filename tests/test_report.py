@@ -3,35 +3,21 @@
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
 import time
-from importlib.machinery import EXTENSION_SUFFIXES
 from pathlib import Path
 
 import pytest
 
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "logs"
-# Until `report` is wired into cli.py this calls the module's entry point; then: [-m, importwatch, report].
-REPORT = [
-    sys.executable,
-    "-c",
-    "import sys; from importwatch.report import main; sys.exit(main(sys.argv[1:]))",
-]
+from conftest import FIXTURES, clean_env, compile_extension
+
+LOGS = FIXTURES / "logs"
+REPORT = [sys.executable, "-m", "importwatch", "report"]
 STDLIB_CODE = "import json, email.parser"
 IMPORTTIME_LINE = re.compile(r"^import time: ([ \d]{9}) \| ([ \d]{10}) \| ((?:  )*)(\S+)( \[unfinished\])?$")
-# A shared library whose constructor never returns: dlopen hangs with the GIL held.
-HANGING_CONSTRUCTOR = (
-    "#include <unistd.h>\n__attribute__((constructor)) static void stall(void) { for (;;) sleep(1000); }\n"
-)
-
-
-def clean_env() -> dict[str, str]:
-    return {key: value for key, value in os.environ.items() if not key.startswith(("IMPORTWATCH", "PYTHON"))}
 
 
 def trace(log: Path, *target: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
@@ -120,15 +106,12 @@ def assert_nested(trace_json: dict) -> list[dict]:
 
 
 def hung_program(folder: Path, native: bool) -> Path:
-    """main.py imports hangpkg > hangpkg.slow, which hangs: in a sleep, or in a .so's constructor."""
+    """main.py imports hangpkg > hangpkg.slow, which hangs: in a sleep, or in dlopen (a .so's constructor)."""
     package = folder / "hangpkg"
     package.mkdir(parents=True)
     (package / "__init__.py").write_text("from hangpkg import slow\n")
     if native:
-        source = folder / "stall.c"
-        source.write_text(HANGING_CONSTRUCTOR)
-        library = package / f"_kernels{EXTENSION_SUFFIXES[0]}"
-        subprocess.run(["cc", "-shared", "-fPIC", "-o", str(library), str(source)], check=True)
+        compile_extension(FIXTURES / "hang" / "blocking_ext.c", folder, "hangpkg._kernels")
         (package / "slow.py").write_text("import json\nfrom hangpkg import _kernels\n")
     else:
         (package / "slow.py").write_text("import json\nimport time\ntime.sleep(1000)\n")
@@ -234,11 +217,10 @@ def test_summary_names_the_import_in_flight_when_killed(tmp_path):
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
 def test_summary_names_the_hung_dlopen_and_chrome_shows_it_unfinished(tmp_path):
     log = tmp_path / "hung.log"
     run_until_stalled(hung_program(tmp_path / "prog", native=True), log, "Timeout (")
-    library = tmp_path / "prog" / "hangpkg" / f"_kernels{EXTENSION_SUFFIXES[0]}"
+    library = next((tmp_path / "prog" / "hangpkg").glob("_kernels.*"))
     out = report_ok(log)
     assert (
         f"in flight when the log ends: hangpkg > hangpkg.slow > hangpkg._kernels > dlopen {library}\n" in out
@@ -255,6 +237,49 @@ def test_summary_names_the_hung_dlopen_and_chrome_shows_it_unfinished(tmp_path):
     # Native loads stay out of importtime; their module is there, unfinished.
     importtime = report_ok(log, "-f", "importtime")
     assert "dlopen" not in importtime and "hangpkg._kernels [unfinished]" in importtime
+
+
+@pytest.mark.timeout(60)
+def test_summary_names_each_threads_chain_in_flight(tmp_path):
+    (tmp_path / "sleepy_a.py").write_text("import time\ntime.sleep(1000)\n")
+    (tmp_path / "sleepy_b.py").write_text("import time\ntime.sleep(1000)\n")
+    (tmp_path / "main.py").write_text(
+        "import threading\n"
+        "threading.Thread(target=lambda: __import__('sleepy_a'), name='worker', daemon=True).start()\n"
+        "import sleepy_b\n"
+    )
+    log = tmp_path / "threads.log"
+    run_until_stalled(tmp_path / "main.py", log, "also in flight")
+    out = report_ok(log)
+    assert "still in flight when the log ends: sleepy_a\n    on worker," in out
+    assert "still in flight when the log ends: sleepy_b\n    on MainThread," in out
+    assert_nested(json.loads(report_ok(log, "-f", "chrome")))
+
+
+@pytest.mark.timeout(60)
+def test_phases_and_checkpoints_are_read(tmp_path):
+    import importwatch
+
+    if not hasattr(importwatch, "phase"):
+        pytest.skip("importwatch.phase is not public yet")
+    (tmp_path / "main.py").write_text(
+        "import time, importwatch\n"
+        "with importwatch.phase('load model'):\n"
+        "    import csv\n"
+        "    importwatch.checkpoint('half')\n"
+        "    with importwatch.phase('warm up'):\n"
+        "        time.sleep(1000)\n"
+    )
+    log = tmp_path / "phases.log"
+    run_until_stalled(tmp_path / "main.py", log, "STALL")
+    assert "still in flight when the log ends: phase load model > phase warm up\n" in report_ok(log)
+    rows = parse_importtime(report_ok(log, "-f", "importtime"))
+    assert ("csv", None) in [(name, parent) for name, parent, *_ in rows]  # phases are not imports
+    events = json.loads(report_ok(log, "-f", "chrome"))["traceEvents"]
+    assert any(event["name"] == "checkpoint half" for event in events)
+    assert any(
+        event["name"] == "phase warm up [unfinished]" and event["args"]["unfinished"] for event in events
+    )
 
 
 # -- several processes and threads in one log ---------------------------------------------------
@@ -326,6 +351,27 @@ def test_mixed_log_of_two_processes_and_a_thread(tmp_path, suffix):
     assert "csv" not in [name for name, *_ in only_second]
 
 
+@pytest.mark.timeout(60)
+def test_a_child_forked_mid_import_ends_its_parents_import(tmp_path):
+    (tmp_path / "forker.py").write_text(
+        "import os\npid = os.fork()\nimport csv\nif pid:\n    os.waitpid(pid, 0)\n"
+    )
+    (tmp_path / "main.py").write_text("import forker\n")
+    log = tmp_path / "fork.log"
+    assert trace(log, "main.py", cwd=tmp_path).returncode == 0
+    pids = {int(line.split()[1]) for line in log.read_text().splitlines() if line.startswith("[importwatch ")}
+    assert len(pids) == 2
+    out = report_ok(log)
+    assert (
+        "(no start line: a fork" in out and "1 end without a start in this process (forked mid-import)" in out
+    )
+    for pid in pids:
+        tree = parse_importtime(report_ok(log, "-f", "importtime", "--pid", pid))
+        parents = {name: parent for name, parent, *_ in tree}
+        assert parents["forker"] is None and parents["csv"] == "forker", (pid, parents)
+    assert_nested(json.loads(report_ok(log, "-f", "chrome")))
+
+
 # -- clocks -----------------------------------------------------------------------------------
 @pytest.mark.timeout(60)
 def test_a_log_across_midnight_reads_like_the_same_log_by_day(tmp_path):
@@ -365,11 +411,11 @@ def test_a_log_across_midnight_reads_like_the_same_log_by_day(tmp_path):
 
 # -- the sample logs in fixtures/logs (written by real runs) --------------------------------------
 def test_fixture_logs_read_in_every_format():
-    for log in sorted(FIXTURES.glob("*.log")) + sorted(FIXTURES.glob("*.jsonl")):
+    for log in sorted(LOGS.glob("*.log")) + sorted(LOGS.glob("*.jsonl")):
         for form in ("summary", "tree", "importtime"):
             assert report_ok(log, "-f", form).strip(), (log, form)
         assert_nested(json.loads(report_ok(log, "-f", "chrome")))
-    summary = report_ok(FIXTURES / "hung-dlopen.log")
+    summary = report_ok(LOGS / "hung-dlopen.log")
     assert "still in flight when the log ends: hangpkg > hangpkg.slow > hangpkg._kernels > dlopen " in summary
 
 
@@ -382,6 +428,11 @@ def test_fixture_logs_read_in_every_format():
         (b"\x7fELF\x02\x01\x01\x00\x00\x00" * 20, [], "binary"),
         (b"hello\nthis is a build log\n[other-tool 12 10:00:00.000] > x\n", [], "not an importwatch log"),
         (b'{"kind": "import"}\n{"pid": 3}\n', [], "not an importwatch log"),
+        (
+            b'{"kind": "import", "pid": "x", "time": 1}\n{"kind": "import", "pid": 1, "time": "noon"}\n',
+            [],
+            "not an",
+        ),
         (b"[importwatch 1 10:00:00.000] > x\n", ["--format", "xml"], "unknown --format 'xml'"),
         (b"[importwatch 1 10:00:00.000] > x\n", ["--min-ms", "lots"], "--min-ms"),
         (b"[importwatch 1 10:00:00.000] > x\n", ["--pid", "2"], "no line from pid 2"),

@@ -16,7 +16,7 @@ from importwatch.trials import ERROR, OK, STOPPED, Outcome, Trials
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Callable, TextIO
+    from typing import Callable
 
 EXIT_NO_HANG = 0
 EXIT_FOUND = 1
@@ -155,6 +155,10 @@ def main(args: list[str]) -> int:
     workdir = tempfile.mkdtemp(prefix="importwatch-bisect-")
     try:
         return Bisection(options, workdir).run()
+    except KeyboardInterrupt:
+        # Each try kills its child's process group on the way out.
+        sys.stderr.write("importwatch bisect: interrupted\n")
+        return 130
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
@@ -177,12 +181,11 @@ class Result:
 class Bisection:
     """The search: one run of the program, then `python -c` tries that shrink what it imports."""
 
-    def __init__(self, options: Options, workdir: str, stream: TextIO | None = None) -> None:
+    def __init__(self, options: Options, workdir: str) -> None:
         self.options = options
         self.started = time.monotonic()
         self.trials = Trials(options.timeout, workdir, deadline=self.started + options.max_time)
         self.env = self._tries_env()
-        self.stream = sys.stderr if stream is None else stream
         self.stopped: str | None = None
         self._lock = threading.Lock()
 
@@ -207,7 +210,8 @@ class Bisection:
 
     # -- the search ----------------------------------------------------------------------
     def run(self) -> int:
-        first = self._try(self.options.target, shlex.join(self.options.target), first=True)
+        label = "python " + shlex.join(self.options.target)
+        first = self._try(self.options.target, label, first=True)
         if first is None or first.kind == STOPPED:
             self._say_nothing("stopped by --max-time before the program's imports were done; no hang seen")
             return EXIT_NO_HANG
@@ -245,22 +249,44 @@ class Bisection:
         # ended before the hang, minus the culprit's own packages (importing those runs the
         # chain itself). Top-level names first: they are what a user would paste.
         packages = {_top(name) for name in chain}
+        earlier = [name for name in first.completed if _top(name) not in packages]
+        if not earlier:
+            result.note = "nothing was imported before it: it depends on what the program itself does"
+            return
         outermost = next(name for name in chain if _top(name) == _top(chain[-1]))
         tails = _unique([outermost, chain[-1]])
-        earlier = [name for name in first.completed if _top(name) not in packages]
         tops = _unique(_top(name) for name in earlier)
         bases = [tops] if tops == earlier else [tops, earlier]
-        starts = [(base, tail) for tail in tails for base in bases]
-        index = self._batch([[*base, tail] for base, tail in starts], result)
-        if index is None:
-            if not self.stopped:
-                result.note = (
-                    "it did not happen again in `python -c` tries of the imports before it: "
-                    "it depends on what the program itself does"
-                )
-            return
-        base, tail = starts[index]
-        result.imports = [*self._ddmin(base, tail, result), tail]
+        for base, tail in [(base, tail) for tail in tails for base in bases]:
+            base = self._verify(base, tail, result)
+            if base is not None:
+                result.imports = [*self._ddmin(base, tail, result), tail]
+                return
+            if self.stopped:
+                return
+        result.note = (
+            "it did not happen again in `python -c` tries of the imports before it: "
+            "it depends on what the program itself does"
+        )
+
+    def _verify(self, base: list[str], tail: str, result: Result) -> list[str] | None:
+        """BASE, less what cannot be imported on its own, if importing it before TAIL reproduces.
+
+        A program can import what a fresh `python -c` cannot (it may extend sys.path
+        first) or what hangs by itself: a try that fails in an earlier import drops it.
+        """
+        assert result.culprit is not None
+        while base:
+            outcome = self._try(["-c", _code([*base, tail])], _label([*base, tail]))
+            if outcome is None:
+                return None
+            if outcome.reproduces(result.kind, result.culprit):
+                return base
+            if outcome.kind == OK or not outcome.chain or outcome.chain[0] not in base:
+                return None
+            self._progress(f"dropping {outcome.chain[0]}: it {_VERB[outcome.kind]} in a fresh interpreter")
+            base = [name for name in base if name != outcome.chain[0]]
+        return None
 
     def _ddmin(self, items: list[str], tail: str, result: Result) -> list[str]:
         """Delta debugging: a 1-minimal part of ITEMS that, imported before TAIL, still hangs."""
@@ -344,8 +370,8 @@ class Bisection:
     # -- output ---------------------------------------------------------------------------
     def _progress(self, line: str) -> None:
         with self._lock:
-            self.stream.write(f"importwatch bisect: {line}\n")
-            self.stream.flush()
+            sys.stderr.write(f"importwatch bisect: {line}\n")
+            sys.stderr.flush()
 
     def _say_nothing(self, message: str) -> None:
         seconds = time.monotonic() - self.started
@@ -378,6 +404,7 @@ class Bisection:
                 "culprit": result.culprit,
                 "detail": first.detail,
                 "chain": first.chain,
+                "failed": first.failed,
                 "native": first.native,
                 "verdicts": first.verdicts,
                 "imports": result.imports,
@@ -398,18 +425,20 @@ class Bisection:
             return
         where = " > ".join(first.chain) or "(no import in flight)"
         lines = [
-            f"importwatch bisect: {result.kind} in {result.culprit or 'the program'} ({first.detail}); "
+            f"importwatch bisect: {result.kind} in {result.culprit or 'the program'}, "
             f"{result.tries} tries, {result.seconds:.1f} s",
-            f"  in flight:  {where}" + (f" > dlopen {first.native}" if first.native else ""),
+            f"  how:        {first.detail}",
+            f"  {'failed:   ' if first.failed else 'in flight:'}  {where}"
+            + (f" > dlopen {first.native}" if first.native else ""),
         ]
         lines += [f"  verdict:    {text.strip()}" for text in first.verdicts]
         if result.imports:
             if result.alone:
-                lines.append(f"  alone:      `import {result.imports[0]}` {result.kind}s by itself")
+                lines.append(f"  alone:      `import {result.imports[0]}` {_VERB[result.kind]} by itself")
             else:
                 needs = ", ".join(result.imports[:-1])
                 lines.append(
-                    f"  needs:      {needs} imported first (`import {result.imports[-1]}` alone is fine)"
+                    f"  needs:      {needs} imported first; `import {result.imports[-1]}` alone is fine"
                 )
             lines.append(f"  reproduce:  {line}")
         if result.stopped:
@@ -418,6 +447,9 @@ class Bisection:
             lines.append(f"  note:       {result.note}")
         sys.stdout.write("\n".join(lines) + "\n")
         sys.stdout.flush()
+
+
+_VERB = {"hang": "hangs", "crash": "crashes"}
 
 
 def _parallel(function: Callable[[int], None], count: int, jobs: int, stop: threading.Event) -> None:
@@ -472,7 +504,3 @@ def _is_zip(path: str) -> bool:
             return file.read(4) == b"PK\x03\x04"
     except OSError:
         return False
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -35,6 +35,11 @@ options (each has an environment twin, used with IMPORTWATCH=1):
                     (IMPORTWATCH_LOG)
   --exit-on-stall   exit with status 1 after the first stall report
                     (IMPORTWATCH_EXIT_ON_STALL=1)
+  --watcher, --no-watcher
+                    run (or not) a watcher process that reports from outside
+                    what each thread does on a stall, and how the program died
+                    if it dies mid-import (IMPORTWATCH_WATCHER=1/0; default: on
+                    here, off with IMPORTWATCH=1)
   -h, --help        show this help and exit
   --version         show the version and exit
 
@@ -88,6 +93,8 @@ def parse(args: list[str]) -> tuple[dict | None, Target | None]:
                 options["log"] = value
         elif arg == "--exit-on-stall":
             options["exit_on_stall"] = True
+        elif arg in ("--watcher", "--no-watcher"):
+            options["watcher"] = arg == "--watcher"
         elif arg in ("-m", "-c"):
             if index + 1 >= len(args):
                 raise UsageError(f"argument expected for the {arg} option")
@@ -132,6 +139,7 @@ def _run(options: dict, target: Target) -> int:
         timeout=options.get("timeout", env_settings.timeout),
         log=options.get("log", env_settings.log),
         exit_on_stall=options.get("exit_on_stall", env_settings.exit_on_stall),
+        watcher=options.get("watcher", env_settings.watcher is not False),
     )
     # The target's children (workers, torchrun's ranks) trace themselves through the .pth.
     os.environ.update(config.to_env(settings))
@@ -141,14 +149,14 @@ def _run(options: dict, target: Target) -> int:
 
 
 def _subcommand(name: str, args: list[str]) -> int:
-    return _usage_error(f"'{name}' is not available in this version")
+    """doctor, bisect and report live in their own modules, imported only when asked for."""
+    import importlib
+
+    module = importlib.import_module(f"importwatch.{name}")
+    return module.main(args)
 
 
 def _usage_error(message: str) -> int:
     sys.stderr.write(f"importwatch: error: {message}\n")
     sys.stderr.flush()
     return EXIT_USAGE
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

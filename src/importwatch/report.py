@@ -7,7 +7,7 @@ import json
 import os
 import sys
 
-from importwatch.events import IMPORT
+from importwatch.events import IMPORT, NATIVE
 from importwatch.timeline import LogError, Node, Process, Thread, import_children, load, place
 
 EXIT_OK = 0
@@ -136,7 +136,8 @@ def summary(processes: list[Process]) -> str:
 def _process_summary(process: Process) -> list[str]:
     nodes = list(process.nodes())
     imports = [node for node in nodes if node.kind == IMPORT]
-    natives = [node for node in nodes if node.kind != IMPORT]
+    natives = [node for node in nodes if node.kind == NATIVE]
+    phases = [node for node in nodes if node.kind not in (IMPORT, NATIVE)]
     failed = [node for node in imports if node.error]
     threads = len(process.threads)
     out = [f"{process.name}: {process.start_text or '(no start line: a fork, or a log cut at its head)'}"]
@@ -156,7 +157,9 @@ def _process_summary(process: Process) -> list[str]:
             f"{process.last_clock} ({_duration(chain[-1].ms)} later): it hung there or was stopped there"
         )
     if not in_flight:
-        out.append("  nothing in flight when the log ends: every import and native load that started, ended")
+        out.append(
+            "  nothing in flight when the log ends: every import, native load and phase that started, ended"
+        )
     if process.orphans:
         out.append(f"  {_count(process.orphans, 'end')} without a start in this process (forked mid-import)")
     if process.stalls:
@@ -166,10 +169,12 @@ def _process_summary(process: Process) -> list[str]:
         out.append("  warnings and verdicts:")
         out.extend(f"    {clock} {text}" for _, clock, text in process.warnings)
     if failed:
-        out.append("  failed imports:")
-        out.extend(f"    {node.name}: {node.error}" for node in failed[:TOP])
-        if len(failed) > TOP:
-            out.append(f"    ... and {len(failed) - TOP} more")
+        # Most are optional dependencies tried and caught; the names say enough, each once.
+        names = list(dict.fromkeys(node.name for node in failed))
+        more = f", ... ({len(names)} names)" if len(names) > TOP else ""
+        out.append(
+            f"  failed imports (raised; most are optional, tried and caught): {', '.join(names[:TOP])}{more}"
+        )
     where = threads > 1
     if imports:
         out.append(f"  slowest imports by self time (top {min(TOP, len(imports))}):")
@@ -180,8 +185,15 @@ def _process_summary(process: Process) -> list[str]:
         out.append(f"  native loads by time (top {min(TOP, len(natives))}):")
         out.append(f"    {'ms':>10}  library (for)")
         for node in sorted(natives, key=lambda node: -node.ms)[:TOP]:
-            owner = node.parent.name if node.parent is not None else "?"
+            owner = next((up.name for up in node.chain()[-2::-1] if up.kind == IMPORT), "no import")
             out.append(f"    {node.ms:10.3f}  {node.name} ({owner}){_marks(node)}")
+    if phases:
+        out.append(f"  phases and steps by time (top {min(TOP, len(phases))}):")
+        out.append(f"    {'ms':>10}  phase")
+        out.extend(
+            f"    {node.ms:10.3f}  {node.label}{_marks(node)}"
+            for node in sorted(phases, key=lambda node: -node.ms)[:TOP]
+        )
     return out
 
 
@@ -291,12 +303,13 @@ def chrome(processes: list[Process], min_ms: float = 0.0, source: str = "") -> s
     for process in processes:
         pid = process.pid + _RUN_PIDS * (process.run - 1)
         events.append(_meta("process_name", pid, 0, {"name": _process_label(process)}))
+        tids = {}
         for index, thread in enumerate(_threads_main_first(process)):
-            tid = process.pid if thread.name == "MainThread" else _THREAD_IDS + index
+            tid = tids[thread.name] = process.pid if thread.name == "MainThread" else _THREAD_IDS + index
             events.append(_meta("thread_name", pid, tid, {"name": thread.name}))
             events.append(_meta("thread_sort_index", pid, tid, {"sort_index": index}))
             for node in thread.walk():
-                if all(_kept(up, min_ms) for up in node.chain()):
+                if _kept(node, min_ms):  # then its ancestors are kept too
                     events.append(_slice(node, pid, tid))
         for when, clock, text in process.stalls + process.warnings:
             events.append(
@@ -311,6 +324,19 @@ def chrome(processes: list[Process], min_ms: float = 0.0, source: str = "") -> s
                     "args": {"text": text, "clock": clock},
                 }
             )
+        for when, thread_name, name in process.checkpoints:
+            tid = tids.get(thread_name, process.pid)
+            events.append(
+                {
+                    "name": f"checkpoint {name}",
+                    "cat": "checkpoint",
+                    "ph": "i",
+                    "s": "t",
+                    "ts": round((when - origin) * 1e6),
+                    "pid": pid,
+                    "tid": tid,
+                }
+            )
     trace = {
         "traceEvents": events,
         "displayTimeUnit": "ms",
@@ -321,13 +347,13 @@ def chrome(processes: list[Process], min_ms: float = 0.0, source: str = "") -> s
 
 def _slice(node: Node, pid: int, tid: int) -> dict:
     args: dict = {"cumulative_ms": round(node.ms, 3), "self_ms": round(node.self_ms, 3)}
-    if node.kind != IMPORT:
+    if node.kind == NATIVE:
         args["path"] = node.name
     if node.unfinished:
         args["unfinished"] = True
     if node.error:
         args["error"] = node.error
-    label = node.name if node.kind == IMPORT else f"dlopen {os.path.basename(node.name)}"
+    label = f"dlopen {os.path.basename(node.name)}" if node.kind == NATIVE else node.label
     name = label + (UNFINISHED if node.unfinished else "")
     return {
         "name": name,

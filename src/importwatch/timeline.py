@@ -4,8 +4,23 @@ from __future__ import annotations
 
 import time
 
-from importwatch.events import IMPORT, IMPORT_END, NATIVE, NATIVE_END, Event, parse_line
+from importwatch.events import (
+    CHECKPOINT,
+    IMPORT,
+    IMPORT_END,
+    NATIVE,
+    NATIVE_END,
+    PHASE,
+    PHASE_END,
+    STEP,
+    STEP_END,
+    Event,
+    parse_line,
+)
 
+# What starts a node, and the kind of the line that ends it.
+ENDS = {IMPORT: IMPORT_END, NATIVE: NATIVE_END, PHASE: PHASE_END, STEP: STEP_END}
+_STARTS = {end: start for start, end in ENDS.items()}
 # A clock that jumps back by more than half a day has passed midnight.
 _DAY = 86400.0
 _HALF_DAY = _DAY / 2
@@ -35,7 +50,7 @@ class Node:
     )
 
     def __init__(self, kind: str, name: str, start: float, parent: Node | None, clock: str = "") -> None:
-        self.kind = kind  # IMPORT or NATIVE
+        self.kind = kind  # IMPORT, NATIVE (a dlopen), PHASE (named by the program) or STEP
         self.name = name  # module name, or the library's path
         self.start = start  # seconds on the log's clock (best estimate)
         self.clock = clock  # the start line's HH:MM:SS.mmm
@@ -49,7 +64,9 @@ class Node:
 
     @property
     def label(self) -> str:
-        return self.name if self.kind == IMPORT else f"dlopen {self.name}"
+        if self.kind == IMPORT:
+            return self.name
+        return f"{'dlopen' if self.kind == NATIVE else self.kind} {self.name}"
 
     @property
     def self_ms(self) -> float:
@@ -76,7 +93,7 @@ class Node:
 
 
 def import_children(node: Node) -> list[Node]:
-    """The imports directly under NODE, looking through native loads (a module's init may import)."""
+    """The imports directly under NODE, seen through native loads (an init may import) and phases."""
     found = []
     for child in node.children:
         if child.kind == IMPORT:
@@ -115,11 +132,14 @@ class Process:
         # (seconds, clock, text) of STALL, "also in flight" and RESUMED lines, and of "! " lines
         self.stalls: list[tuple[float, str, str]] = []
         self.warnings: list[tuple[float, str, str]] = []
+        self.checkpoints: list[tuple[float, str, str]] = []  # (seconds, thread, name)
+        self.rank: int | None = None  # in a distributed job
         self.orphans = 0  # ends whose start is not in this log (a fork inside an import)
 
     @property
     def name(self) -> str:
-        return f"pid {self.pid}" if self.run == 1 else f"pid {self.pid} (run {self.run})"
+        rank = f" rank {self.rank}" if self.rank is not None else ""
+        return f"pid {self.pid}{rank}" if self.run == 1 else f"pid {self.pid}{rank} (run {self.run})"
 
     @property
     def seconds(self) -> float:
@@ -172,8 +192,11 @@ def read_events(path: str) -> list[Event]:
         raise LogError(f"{path} is a binary file, not an importwatch log")
     events = []
     for line in data.decode("utf-8", "replace").splitlines():
-        event = parse_line(line)
-        if event is not None and (event.clock or event.time is not None):
+        try:
+            event = parse_line(line)
+        except (ValueError, TypeError):  # a JSON object of someone else's, e.g. a pid that is no number
+            continue
+        if event is not None and _usable(event):
             events.append(event)
     if not events:
         raise LogError(
@@ -181,6 +204,14 @@ def read_events(path: str) -> list[Event]:
             " nor is one of its JSON records"
         )
     return events
+
+
+def _usable(event: Event) -> bool:
+    """A JSON record of ours has a numeric time and duration; a text line always has its clock."""
+    if event.clock:
+        return True
+    number = (int, float)
+    return isinstance(event.time, number) and (event.ms is None or isinstance(event.ms, number))
 
 
 def build(events: list[Event]) -> list[Process]:
@@ -211,26 +242,30 @@ def load(path: str) -> list[Process]:
 
 def _apply(process: Process, event: Event, when: float, stamp: str) -> None:
     kind = event.kind
-    if kind in (IMPORT, NATIVE):
+    if event.rank is not None:
+        process.rank = event.rank
+    if kind in ENDS:
         thread = process.thread(event.thread)
         parent = thread.stack[-1] if thread.stack else None
         node = Node(kind, event.name, when, parent, stamp)
         (parent.children if parent is not None else thread.roots).append(node)
         thread.stack.append(node)
-    elif kind in (IMPORT_END, NATIVE_END):
+    elif kind in _STARTS:
         _end(process, process.thread(event.thread), event, when)
     elif kind == "start":
         process.start_text = event.text[len("start ") :]
     elif kind == "torch":
         process.torch = event.text
-    elif kind in ("stall", "stall_thread", "resumed"):
+    elif kind == CHECKPOINT:
+        process.checkpoints.append((when, event.thread, event.name))
+    elif kind in ("stall", "stall_thread", "stall_context", "resumed"):
         process.stalls.append((when, stamp, event.text.strip()))
     elif kind == "warning":
         process.warnings.append((when, stamp, event.text.strip()))
 
 
 def _end(process: Process, thread: Thread, event: Event, when: float) -> None:
-    kind = IMPORT if event.kind == IMPORT_END else NATIVE
+    kind = _STARTS[event.kind]
     ms = float(event.ms) if event.ms is not None else None
     index = len(thread.stack) - 1
     while index >= 0 and not (thread.stack[index].kind == kind and thread.stack[index].name == event.name):

@@ -57,13 +57,13 @@ class LogState:
     def __init__(self) -> None:
         self.started = False  # the tracer wrote its start line
         self.stalled_thread: tuple[int, str] | None = None  # (pid, thread) a stall report named
-        self.stall_text = ""
         self.exit_on_stall = False
         self.stacks: dict[tuple[int, str], list[Step]] = {}
-        self.failures: dict[tuple[int, str], list[str]] = {}  # a failed import unwound to the top
+        # Imports that failed all the way to the top: (pid, chain outermost first, the error raised).
+        self.failures: list[tuple[int, list[str], str]] = []
         self.warnings: list[tuple[int, int, str]] = []  # (seq, pid, "! text")
         self.pids: list[int] = []  # in order of appearance; the first is the child itself
-        self._unwinding: dict[tuple[int, str], list[str]] = {}
+        self._unwinding: dict[tuple[int, str], tuple[list[str], str]] = {}
         self._first_start: dict[str, int] = {}  # module: seq of its first start, in the first pid
         self._completed: dict[str, int] = {}  # module: seq of its start, once it ended well
         self._seq = 0
@@ -89,10 +89,8 @@ class LogState:
         if kind in ("import", "native"):
             self.stacks.setdefault(key, []).append(Step(kind, event.name, self._seq))
             self._unwinding.pop(key, None)
-            if kind == "import":
-                self.failures.pop(key, None)
-                if event.pid == self.pids[0]:
-                    self._first_start.setdefault(event.name, self._seq)
+            if kind == "import" and event.pid == self.pids[0]:
+                self._first_start.setdefault(event.name, self._seq)
         elif kind in ("import_end", "native_end"):
             self._pop(key, "import" if kind == "import_end" else "native", event.name)
             if kind == "import_end":
@@ -100,7 +98,6 @@ class LogState:
         elif kind == "start":
             self.started = True
         elif kind == "stall":
-            self.stall_text = event.text
             self.stalled_thread = (event.pid, _stalled_thread_name(event.text) or event.thread)
         elif kind == "exit":
             self.exit_on_stall = True
@@ -122,22 +119,24 @@ class LogState:
     def _ended(self, key: tuple[int, str], name: str, error: str | None) -> None:
         if error is None:
             self._unwinding.pop(key, None)
-            self.failures.pop(key, None)
             if name in self._first_start and name not in self._completed:
                 self._completed[name] = self._first_start[name]
             return
         # A failed import: its parents fail next while the error propagates; at the top the
         # whole chain is known, outermost first.
-        unwinding = self._unwinding.setdefault(key, [])
-        unwinding.append(name)
+        names, first_error = self._unwinding.setdefault(key, ([], error))
+        names.append(name)
         if key not in self.stacks:
-            self.failures[key] = list(reversed(unwinding))
+            self.failures.append((key[0], list(reversed(names)), first_error))
             del self._unwinding[key]
 
-    @property
-    def completed(self) -> list[str]:
-        """Imports of the process itself that ended well, each once, in the order they started."""
-        return sorted(self._completed, key=self._completed.__getitem__)
+    def completed(self, before: int | None = None) -> list[str]:
+        """Imports of the process that ended well, each once, in the order they started.
+
+        BEFORE: only those that started before event number BEFORE.
+        """
+        names = sorted(self._completed, key=self._completed.__getitem__)
+        return [name for name in names if before is None or self._completed[name] < before]
 
     def culprit_stack(self) -> tuple[tuple[int, str] | None, list[Step]]:
         """The thread whose steps are in flight and most likely stuck, and its steps."""
@@ -158,13 +157,23 @@ class LogState:
         )
         return ranked[0] if ranked else (None, [])
 
-    def failure_chain(self) -> list[str]:
-        """The chain of a failed import that ended the main thread's imports, if one did."""
+    def failure(self, last_line: str) -> tuple[list[str], str]:
+        """The failed import that ended the program: the one whose error python printed last.
+
+        Imports may still happen after it (3.13 imports modules to print a traceback),
+        so the error on the last line of stderr is what ties a failure to the exit.
+        """
         root = self.pids[0] if self.pids else None
-        for key, chain in self.failures.items():
-            if key[0] == root and key[1] == "MainThread":
-                return chain
-        return next(iter(self.failures.values()), [])
+        for pid, chain, error in reversed(self.failures):
+            if pid != root:
+                continue
+            # Python may print more than we logged (3.12's "Did you mean", a SyntaxError's
+            # source line) or a qualified class name: the exception's class must match.
+            raised = error.partition(":")[0].strip()
+            shown = last_line.partition(":")[0].strip()
+            if raised and (shown == raised or shown.endswith("." + raised)):
+                return chain, error
+        return [], ""
 
     def verdicts_since(self, seq: int, pid: int) -> list[str]:
         """The "! ..." lines the process wrote since event SEQ."""
@@ -189,24 +198,17 @@ class Outcome:
         self.detail = detail  # one line: "died by SIGSEGV", "stall report", "exit status 0"
         self.returncode: int | None = None
         self.chain: list[str] = []  # imports in flight (or that failed), outermost first
+        self.failed = False  # the chain is of imports that failed, not of imports in flight
         self.native: str | None = None  # the file in dlopen, when one was in flight
         self.verdicts: list[str] = []  # "! ..." lines written while the chain was in flight
-        self.completed: list[str] = []  # imports that ended well before, in the order they started
+        # Imports that ended well before the culprit's package began importing, in the order they
+        # started; those within it happen again whenever it is imported.
+        self.completed: list[str] = []
         self.stderr_tail = ""
 
     def reproduces(self, kind: str, culprit: str) -> bool:
         """Whether this try ended the same way as the original run: same kind, same module stuck."""
         return self.kind == kind and culprit in self.chain
-
-    def as_dict(self) -> dict:
-        return {
-            "result": self.kind,
-            "seconds": round(self.seconds, 3),
-            "detail": self.detail,
-            "returncode": self.returncode,
-            "chain": self.chain,
-            "native": self.native,
-        }
 
 
 class Trials:
@@ -216,21 +218,11 @@ class Trials:
     so a fixture's own children do not outlive the try either.
     """
 
-    def __init__(
-        self,
-        timeout: float,
-        workdir: str,
-        cwd: str | None = None,
-        env: dict[str, str] | None = None,
-        deadline: float | None = None,
-    ) -> None:
+    def __init__(self, timeout: float, workdir: str, deadline: float | None = None) -> None:
         self.timeout = timeout
         self.workdir = workdir  # where logs go; the caller removes it
-        self.cwd = cwd or os.getcwd()
-        base = dict(os.environ if env is None else env)
-        for name in _OURS:
-            base.pop(name, None)
-        self.env = base
+        self.cwd = os.getcwd()
+        self.env = {name: value for name, value in os.environ.items() if name not in _OURS}
         self.deadline = deadline  # time.monotonic() after which every try is stopped
         self.stop = threading.Event()  # set: stop every running try
         self._count = 0
@@ -247,18 +239,8 @@ class Trials:
         return self._count
 
     def command(self, target: list[str], log: str) -> list[str]:
-        timeout = f"{self.timeout:g}"
-        return [
-            sys.executable,
-            "-m",
-            "importwatch",
-            "--timeout",
-            timeout,
-            "--exit-on-stall",
-            "--log",
-            log,
-            *target,
-        ]
+        options = ["--timeout", f"{self.timeout:g}", "--exit-on-stall", "--log", log]
+        return [sys.executable, "-m", "importwatch", *options, *target]
 
     def run(
         self,
@@ -288,11 +270,14 @@ class Trials:
                 start_new_session=True,
             )
         try:
-            why = self._watch(child, log, state, first, cancelled)
+            why = self._watch(child, log, state, cancelled)
         finally:
             _kill_group(child)
-        outcome = _classify(child.returncode, why, state, time.monotonic() - started, self.timeout, first)
-        outcome.stderr_tail = _tail(errors)
+        tail = _tail(errors)
+        outcome = _classify(
+            child.returncode, why, state, time.monotonic() - started, self.timeout, first, tail
+        )
+        outcome.stderr_tail = tail
         return outcome
 
     def _watch(
@@ -300,7 +285,6 @@ class Trials:
         child: subprocess.Popen,
         log: str,
         state: LogState,
-        first: bool,
         cancelled: Callable[[], bool] | None,
     ) -> str | None:
         """Follow the log until the child exits (None) or we must stop it (the reason why)."""
@@ -364,45 +348,57 @@ def _tail(path: str, limit: int = 4096) -> str:
 
 
 def _classify(
-    returncode: int | None, why: str | None, state: LogState, seconds: float, timeout: float, first: bool
+    returncode: int | None,
+    why: str | None,
+    state: LogState,
+    seconds: float,
+    timeout: float,
+    first: bool,
+    last_line: str,
 ) -> Outcome:
     key, stack = state.culprit_stack()
+    failed, error = state.failure(last_line)
     if why in (STOPPED, "max-time"):
         outcome = Outcome(STOPPED, seconds, "stopped (--max-time)" if why == "max-time" else "stopped")
     elif why == "silent":
         if stack:
-            outcome = Outcome(HANG, seconds, f"no progress for {seconds:.1f} s, killed")
+            outcome = Outcome(HANG, seconds, f"no progress for {seconds:.1f} s; killed")
         elif first:
-            outcome = Outcome(OK, seconds, "imports done, program still running after them; stopped it")
+            outcome = Outcome(OK, seconds, "imports done, the program was still running; stopped it")
         else:
-            outcome = Outcome(HANG, seconds, "did not exit after its imports, killed")
+            outcome = Outcome(HANG, seconds, f"still running {seconds:.1f} s after its imports; killed")
     elif not state.started:
         outcome = Outcome(ERROR, seconds, f"could not start (exit status {returncode})")
     elif state.stalled_thread is not None or state.exit_on_stall:
-        outcome = Outcome(HANG, seconds, "stall report")
+        outcome = Outcome(HANG, seconds, f"no progress for {timeout:g} s (stall report)")
     elif returncode is not None and returncode < 0:
         outcome = Outcome(CRASH, seconds, f"died by {_signal_name(-returncode)}")
     elif stack:
         # Ended with an import in flight: faulthandler's timer ends a stall that holds the GIL
         # with status 1 and no report of ours; anything sooner is the process ending itself.
         if returncode == 1 and seconds >= timeout * 0.9:
-            outcome = Outcome(HANG, seconds, "stall (faulthandler's timer)")
+            detail = f"no progress for {timeout:g} s (the GIL was held; faulthandler's timer ended it)"
+            outcome = Outcome(HANG, seconds, detail)
         else:
             outcome = Outcome(CRASH, seconds, f"exited with status {returncode} during an import")
-    elif returncode and state.failure_chain():
-        outcome = Outcome(CRASH, seconds, f"an import failed, exit status {returncode}")
+    elif returncode and failed:
+        outcome = Outcome(CRASH, seconds, f"exit status {returncode} after a failed import: {error}")
     else:
         outcome = Outcome(OK, seconds, f"exit status {returncode}")
     outcome.returncode = returncode
-    outcome.completed = state.completed
+    outcome.completed = state.completed()
     if stack:
         outcome.chain = [step.name for step in stack if step.kind == "import"]
         natives = [step.name for step in stack if step.kind == "native"]
         outcome.native = natives[-1] if natives else None
+        top = outcome.chain[-1].partition(".")[0] if outcome.chain else None
+        entered = [step.seq for step in stack if step.kind == "import" and step.name.partition(".")[0] == top]
+        if entered:
+            outcome.completed = state.completed(before=entered[0])
         if key is not None:
             outcome.verdicts = state.verdicts_since(stack[0].seq, key[0])
     elif outcome.kind == CRASH:
-        outcome.chain = state.failure_chain()
+        outcome.chain, outcome.failed = failed, True
     return outcome
 
 
