@@ -11,6 +11,7 @@ ENV_ON = "IMPORTWATCH"
 ENV_TIMEOUT = "IMPORTWATCH_TIMEOUT"
 ENV_LOG = "IMPORTWATCH_LOG"
 ENV_EXIT_ON_STALL = "IMPORTWATCH_EXIT_ON_STALL"
+ENV_WATCHER = "IMPORTWATCH_WATCHER"
 
 _FALSE = ("", "0", "no", "false", "off")
 _TRUE = ("1", "yes", "true", "on")
@@ -23,23 +24,29 @@ class ConfigError(ValueError):
 class Settings:
     """What one traced process does; immutable once built."""
 
-    __slots__ = ("exit_on_stall", "log", "timeout")
+    __slots__ = ("exit_on_stall", "log", "timeout", "watcher")
 
     def __init__(
         self,
         timeout: float = DEFAULT_TIMEOUT,
         log: str | None = None,
         exit_on_stall: bool = False,
+        watcher: bool | None = None,
     ) -> None:
         object.__setattr__(self, "timeout", timeout)
         object.__setattr__(self, "log", log)
         object.__setattr__(self, "exit_on_stall", exit_on_stall)
+        # The watcher process: None means not asked, which is off (the runner turns it on).
+        object.__setattr__(self, "watcher", watcher)
 
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError("Settings are immutable")
 
     def __repr__(self) -> str:
-        return f"Settings(timeout={self.timeout!r}, log={self.log!r}, exit_on_stall={self.exit_on_stall!r})"
+        return (
+            f"Settings(timeout={self.timeout!r}, log={self.log!r}, exit_on_stall={self.exit_on_stall!r}, "
+            f"watcher={self.watcher!r})"
+        )
 
 
 def is_on(environ: dict[str, str] | os._Environ[str] = os.environ) -> bool:
@@ -91,8 +98,15 @@ def from_env(
             exit_on_stall = parse_flag(raw, ENV_EXIT_ON_STALL)
         except ConfigError as error:
             warnings.append(f"{error}; using 0")
+    watcher = None
+    raw = environ.get(ENV_WATCHER)
+    if raw is not None and raw != "":
+        try:
+            watcher = parse_flag(raw, ENV_WATCHER)
+        except ConfigError as error:
+            warnings.append(f"{error}; using the default")
     log = environ.get(ENV_LOG) or None
-    return Settings(timeout=timeout, log=log, exit_on_stall=exit_on_stall), warnings
+    return Settings(timeout=timeout, log=log, exit_on_stall=exit_on_stall, watcher=watcher), warnings
 
 
 def to_env(settings: Settings) -> dict[str, str]:

@@ -51,6 +51,54 @@ class Channel:
         return None
 
 
+class Feed:
+    """The watcher's copy of every text line: a non-blocking pipe that drops lines rather than wait.
+
+    A full pipe (a slow or dead watcher) costs the line, counted and announced
+    later as `#lost N`; never a warning, never a wait. Lines starting with "#" are
+    for the watcher only: `#thread NAME TID`, `#lost N`, `#exit`.
+    """
+
+    __slots__ = ("fd", "keep", "lost", "threads")
+
+    def __init__(self, fd: int, keep: int) -> None:
+        self.fd = fd
+        self.keep = keep  # the read end, held so that a dead watcher never means EPIPE or SIGPIPE
+        self.lost = 0
+        self.threads: set[int] = set()
+
+    def send(self, data: bytes) -> None:
+        if self.lost and not self._put(b"#lost %d\n" % self.lost):
+            self.lost += 1
+            return
+        self.lost = 0
+        if len(data) > 4096:  # only writes up to PIPE_BUF are atomic: never half a line
+            data = data[:4095] + b"\n"
+        if not self._put(data):
+            self.lost += 1
+
+    def announce(self, ident: int, name: str) -> None:
+        """Tell the watcher which kernel thread id a thread name stands for (once per thread)."""
+        self.threads.add(ident)
+        self._put(f"#thread {name} {_thread.get_native_id()}\n".encode("ascii"))
+
+    def _put(self, data: bytes) -> bool:
+        try:
+            os.write(self.fd, data)
+        except BlockingIOError:
+            return False
+        except OSError:
+            return True  # closed under us (the program closed a range of fds): nothing to do
+        return True
+
+    def close(self) -> None:
+        for fd in (self.fd, self.keep):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
 class Sink:
     """Writes one line per event, prefixed with pid, time and thread, to every open channel.
 
@@ -59,9 +107,12 @@ class Sink:
     lines from several processes appending to one file never interleave.
     """
 
-    def __init__(self) -> None:
-        self.stderr = Channel(_STDERR, "stderr")
+    def __init__(self, stderr_fd: int = _STDERR) -> None:
+        # A copy of stderr taken before pytest's capture redirects fd 2, in the pytest plugin.
+        self.stderr = Channel(stderr_fd, "stderr")
         self.log: Channel | None = None
+        self.feed: Feed | None = None
+        self._own_threads: dict[int, str] = {}
         self.pid = 0
         self.rank: int | None = None
         self.main_thread = 0
@@ -95,6 +146,21 @@ class Sink:
                 pass
             self.log = None
 
+    def attach_feed(self, fd: int, keep: int) -> None:
+        """From now on every text line also goes to the watcher's pipe FD (see Feed)."""
+        self.close_feed()
+        self.feed = Feed(fd, keep)
+
+    def close_feed(self) -> None:
+        if self.feed is not None:
+            self.feed.close()
+            self.feed = None
+
+    def feed_line(self, line: str) -> None:
+        """A line for the watcher only (`#exit`)."""
+        if self.feed is not None:
+            self.feed.send(line.encode("ascii") + b"\n")
+
     @property
     def log_path(self) -> str | None:
         return self.log.name if self.log is not None else None
@@ -103,7 +169,7 @@ class Sink:
         """Where faulthandler writes (it takes one descriptor): the text log if writable, else stderr."""
         if self.log is not None and not self.log.broken and not self.log.json:
             return self.log.fd
-        return _STDERR
+        return self.stderr.fd
 
     def after_fork_in_child(self) -> None:
         self.pid = os.getpid()
@@ -131,6 +197,11 @@ class Sink:
         else:
             text = f"{self._head}{stamp} {thread}] {escape(body)}\n".encode("ascii")
         self._write(self.stderr, text)
+        feed = self.feed
+        if feed is not None:
+            if thread is not None and ident not in feed.threads:
+                feed.announce(ident, thread)
+            feed.send(text)
         log = self.log
         if log is not None:
             if log.json:
@@ -155,10 +226,20 @@ class Sink:
         """A line about importwatch itself."""
         self.event("warning", f"! {message}", {"message": message})
 
+    def name_thread(self, name: str) -> None:
+        """Name one of our own threads (threading knows nothing of them), here and for the watcher."""
+        ident = _thread.get_ident()
+        self._own_threads[ident] = name
+        if self.feed is not None:
+            self.feed.announce(ident, name)
+
     def thread_name(self, ident: int) -> str:
         """The threading name of a thread, or its native id; no spaces, so lines stay parseable."""
         if ident == self.main_thread:
             return "MainThread"
+        own = self._own_threads.get(ident)
+        if own is not None:
+            return own
         # Never import threading here: the program may not use it.
         threading = sys.modules.get("threading")
         thread = threading._active.get(ident) if threading is not None else None

@@ -24,6 +24,20 @@ if TYPE_CHECKING:
 _GROWTH = 2.0
 # How late faulthandler may fire after the heartbeat would have reported.
 _GRACE = 0.3
+# A stalled thread using at least this share of a CPU is busy, not stuck (seen over _LOOK seconds).
+_BUSY = 0.5
+_LOOK = 0.2
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_seconds(stat_path: str) -> float | None:
+    """User plus system CPU seconds of one thread, from /proc/self/task/TID/stat."""
+    try:
+        with open(stat_path, "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / _TICK
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 class Watchdog:
@@ -71,6 +85,7 @@ class Watchdog:
 
     # -- the heartbeat ----------------------------------------------------------------
     def _heartbeat(self, generation: int) -> None:
+        self.sink.name_thread("importwatch-heartbeat")  # so the watcher can tell it apart
         while self._running and generation == self._generation:
             time.sleep(self.interval)
             try:
@@ -119,11 +134,33 @@ class Watchdog:
             sink.event("stall_thread", f"  also in flight: {line}", {"chain": line})
         for line in self._context(chains[culprit], now):
             sink.event("stall_context", f"  context: {line}", {"context": line})
+        share = self._cpu_share(culprit)
+        busy = share is not None and share >= _BUSY
+        if busy:
+            sink.event(
+                "busy",
+                f"  busy, not stuck: {self.sink.thread_name(culprit)} used {share:.0%} of a CPU just now; "
+                "slow work such as CUDA JIT compiling PTX or a build ends by itself",
+                {"cpu": share},
+            )
         self._dump(b"Stacks of all threads (most recent call first):\n")
-        if self.exit_on_stall:
+        if self.exit_on_stall and not busy:
             sink.event("exit", "exiting with status 1 (--exit-on-stall)")
             os._exit(1)
         self._arm(since + self._limit(top) * _GROWTH**reports + _GRACE, now)
+
+    def _cpu_share(self, ident: int) -> float | None:
+        """The share of a CPU that thread IDENT used over a short look (None if it cannot be read)."""
+        tid = self.tracer.native_ids.get(ident)
+        if tid is None:
+            return None
+        path = f"/proc/self/task/{tid}/stat"
+        before, began = _cpu_seconds(path), time.monotonic()
+        time.sleep(_LOOK)
+        after, ended = _cpu_seconds(path), time.monotonic()
+        if before is None or after is None:
+            return None
+        return (after - before) / (ended - began)
 
     def _limit(self, frame: Frame) -> float:
         """A step's stall threshold: its own timeout (a phase's), or the watchdog's."""
@@ -146,8 +183,9 @@ class Watchdog:
         """
         lines = []
         for frame in chain:
-            if frame.timeout is not None and frame.timeout > 0 and now - frame.start >= frame.timeout:
-                lines.append(f"{frame.name} has run {now - frame.start:.1f} s, past its timeout of {frame.timeout:g} s")
+            ran = now - frame.start
+            if frame.timeout is not None and 0 < frame.timeout <= ran:
+                lines.append(f"{frame.name} has run {ran:.1f} s, past its timeout of {frame.timeout:g} s")
             if frame.context is not None:
                 try:
                     lines.extend(frame.context())
@@ -162,13 +200,12 @@ class Watchdog:
     def _dump(self, header: bytes) -> None:
         """faulthandler's dump of all threads to stderr, then to the text log."""
         self.sink.raw(header)
-        for fd in (2, self.sink.dump_fd()):
+        stderr = self.sink.stderr.fd
+        for fd in dict.fromkeys((stderr, self.sink.dump_fd())):
             try:
                 faulthandler.dump_traceback(fd, all_threads=True)
             except (OSError, ValueError, RuntimeError):
                 pass
-            if fd == 2 and self.sink.dump_fd() == 2:
-                break
 
     def _on_progress(self, now: float) -> None:
         """Called by the tracer at each step's end: say when a stalled thread moved on."""
@@ -194,8 +231,19 @@ class Watchdog:
             self._arm(deadline, frame.start)
 
     def _unguard(self, frame: Frame) -> None:
-        """After a dlopen: a timer left armed could fire during a long C call outside any import."""
-        if self._armed_for is not None and not self._stalled:
+        """After a dlopen: say so if faulthandler reported it; else disarm, lest the timer fire later
+        during a long C call outside any import."""
+        if self._armed_for is None:
+            return
+        now = time.monotonic()
+        if now >= self._armed_for:
+            self._armed_for = None  # it fired while the GIL was held
+            self.sink.event(
+                "resumed",
+                f"RESUMED after {now - frame.start:.1f} s: {frame.name} ended (stacks dumped above)",
+                {"name": frame.name, "seconds": now - frame.start},
+            )
+        elif not self._stalled:
             self._disarm()
 
     # -- faulthandler's timer -------------------------------------------------------------

@@ -1,0 +1,581 @@
+"""The watcher process: follows the traced process's lines, reports its stalls and death from outside.
+
+How it is started (launch(), in the traced process, at activation):
+- a pipe carries every text line the sink writes (log.Feed); its write end is
+  non-blocking, so a slow or dead watcher costs lines, never time. The traced
+  process also keeps the read end open: if the watcher dies, writes fill the pipe
+  and are dropped, and never raise SIGPIPE in a program that set SIGPIPE to SIG_DFL;
+- the watcher is double-forked (fork; the child forks the watcher and leaves at once): it
+  is never the program's child, so the program's own os.wait() never sees it and it
+  never becomes the program's zombie. It runs `python -I -S`, in its own session,
+  with stdin and stdout on /dev/null; the stderr it holds is a dup of the program's,
+  because the death line must still reach it after the program is gone. So it
+  exits as soon as the program does (end of the feed, or the pidfd), and a
+  pipe reader waiting for EOF on the program's stderr waits only milliseconds more.
+
+What it reports: see Watcher. Everything it writes carries the traced pid.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from importwatch.events import Event
+    from importwatch.log import Sink
+    from importwatch.outside import ThreadSample
+
+# The outside report comes this long after the threshold, so it follows the in-process STALL
+# report and faulthandler's dump (armed 0.3 s after it) instead of interleaving with them.
+REPORT_DELAY = 0.5
+SAMPLE_INTERVAL = 0.25
+# Reports repeat while a stall lasts, each interval twice the one before (as the watchdog's).
+_GROWTH = 2.0
+_THREAD_LINES = 12  # threads listed one per line; the rest are counted
+_PIPE_SIZE = 1 << 20
+_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_BOOT = (
+    "import sys; sys.path.insert(0, sys.argv.pop(1)); from importwatch.sidecar import main; sys.exit(main())"
+)
+
+
+# -- the traced process's side ------------------------------------------------------------------
+def launch(sink: Sink, timeout: float, log: str | None, exit_on_stall: bool = False) -> str | None:
+    """Start the watcher for this process and connect SINK's feed to it; returns why not, or None."""
+    executable = sys.executable
+    if not executable:
+        return "no python executable to run it with"
+    threading = sys.modules.get("threading")
+    if threading is not None and threading.active_count() > 1:
+        return "the program already runs threads, and forking now could deadlock"
+    read_fd, write_fd = _pipe()
+    pid = os.getpid()
+    start = _start_time(pid)
+    argv = [executable, "-I", "-S", "-c", _BOOT, _PACKAGE_ROOT, "--pid", str(pid), "--feed", str(read_fd)]
+    argv += ["--timeout", repr(timeout), "--start", str(start)]
+    if log:
+        argv += ["--log", log]
+    if exit_on_stall:
+        argv.append("--exit-on-stall")
+    # Without IMPORTWATCH* the watcher never traces itself; -I drops the other PYTHON* variables.
+    env = {key: value for key, value in os.environ.items() if not key.startswith("IMPORTWATCH")}
+    stderr = sink.stderr.fd  # the pytest plugin writes to a copy of stderr taken before capture
+    child = os.fork()
+    if child == 0:  # pragma: no cover  (the intermediate child: fork again and leave at once)
+        code = 1
+        try:
+            if os.fork() == 0:
+                # The watcher-to-be: its own session, no terminal, stdin and stdout on /dev/null.
+                os.setsid()
+                for fd, mode in ((0, os.O_RDONLY), (1, os.O_WRONLY)):
+                    null = os.open(os.devnull, mode)
+                    if null != fd:
+                        os.dup2(null, fd)
+                        os.close(null)
+                if stderr != 2:
+                    os.dup2(stderr, 2)
+                os.set_inheritable(read_fd, True)
+                os.execve(executable, argv, env)
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(child, 0)
+    if status != 0:
+        os.close(read_fd)
+        os.close(write_fd)
+        return "it could not be spawned"
+    sink.attach_feed(write_fd, read_fd)
+    return None
+
+
+def _pipe() -> tuple[int, int]:
+    """A pipe whose ends are above 2 (stdin may be closed), the write end non-blocking and enlarged."""
+    import fcntl
+
+    ends = []
+    for fd in os.pipe():
+        if fd <= 2:
+            moved = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3)
+            os.close(fd)
+            fd = moved
+        ends.append(fd)
+    os.set_blocking(ends[1], False)
+    try:
+        # About 15,000 lines: room for the watcher's own start-up and a burst of imports.
+        fcntl.fcntl(ends[1], getattr(fcntl, "F_SETPIPE_SZ", 1031), _PIPE_SIZE)
+    except OSError:
+        pass  # above /proc/sys/fs/pipe-max-size: the default 64 KiB does
+    return ends[0], ends[1]
+
+
+def _start_time(pid: int) -> int:
+    with open(f"/proc/{pid}/stat", "rb") as stat:
+        return int(stat.read().rpartition(b")")[2].split()[19])
+
+
+# -- the watcher ---------------------------------------------------------------------------------
+class Step:
+    """One import, native load, phase or step in flight in the traced process, as the feed told it."""
+
+    __slots__ = ("depth", "kind", "name", "start", "warnings")
+
+    def __init__(self, kind: str, name: str, start: float, depth: int) -> None:
+        self.kind = kind
+        self.name = name
+        self.start = start
+        self.depth = depth
+        self.warnings: list[str] = []  # "! ..." lines written while this step was the innermost
+
+    def describe(self, now: float) -> str:
+        label = f"dlopen {self.name}" if self.kind == "native" else self.name
+        return f"{label} ({now - self.start:.1f} s)"
+
+
+_STARTS = {"import", "native", "phase", "step"}
+_ENDS = {"import_end", "native_end", "phase_end", "step_end"}
+
+
+class Watcher:
+    """Follows one traced process through its feed; reports stalls and a death from outside.
+
+    A stall is something in flight and no start or end line for TIMEOUT seconds. The
+    report says, per thread, the state, the wait channel, whether CPU time advanced
+    (busy, waiting or stopped), what a blocked call waits on, the libraries mapped
+    since the native load in flight began and the one most likely initialising, the
+    "!" lines written for that load, and the native stacks when a debugger is there.
+    """
+
+    def __init__(
+        self, sink: Sink, pid: int, feed: int, timeout: float, start: int | None, exit_on_stall: bool
+    ) -> None:
+        from importwatch.mapped import MappedObjects
+
+        self.sink = sink
+        self.pid = pid
+        self.feed = feed
+        self.timeout = timeout
+        self.start_time = start
+        self.exit_on_stall = exit_on_stall
+        self.stacks: dict[str, list[Step]] = {}
+        self.tids: dict[str, int] = {"MainThread": pid}
+        self.progress = 0.0
+        self.clean = False  # the program said it exits (atexit, or --exit-on-stall)
+        self.reports = 0  # stall reports for the current stall
+        self.lost = 0
+        self.samples: list[tuple[float, dict[int, ThreadSample]]] = []
+        self.mapped = MappedObjects(pid)
+        self.mapped_before: dict[str, None] = dict(self.mapped.paths)
+        self._buffer = b""
+        self._pidfd: int | None = None
+
+    # -- the main loop -------------------------------------------------------------------
+    def run(self) -> int:
+        import select
+        import time
+
+        from importwatch import outside
+
+        try:
+            self._pidfd = os.pidfd_open(self.pid)
+        except (AttributeError, OSError):
+            self._pidfd = None  # Linux < 5.3 or Python < 3.9: poll /proc instead
+        if not outside.alive(self.pid, self.start_time):
+            self._read_all()
+            return self.ended()
+        poller = select.poll()
+        poller.register(self.feed, select.POLLIN)
+        if self._pidfd is not None:
+            poller.register(self._pidfd, select.POLLIN)
+        self.progress = time.monotonic()
+        while True:
+            wait = self._next_wakeup(time.monotonic())
+            events = poller.poll(None if wait is None else max(wait, 0.0) * 1000)
+            for fd, _ in events:
+                if fd == self.feed:
+                    data = os.read(self.feed, 1 << 16)
+                    if not data:
+                        return self.ended()
+                    self.take(data, time.monotonic())
+                elif fd == self._pidfd:
+                    self._read_all()
+                    return self.ended()
+            if self._pidfd is None and not outside.alive(self.pid, self.start_time):
+                self._read_all()
+                return self.ended()
+            self.tick(time.monotonic())
+
+    def _next_wakeup(self, now: float) -> float | None:
+        if not self._in_flight():
+            return None if self._pidfd is not None else 1.0
+        wait = SAMPLE_INTERVAL
+        if self.timeout > 0:
+            wait = min(wait, self._due() - now)
+        return wait
+
+    def _due(self) -> float:
+        return self.progress + self.timeout * _GROWTH**self.reports + REPORT_DELAY
+
+    def _read_all(self) -> None:
+        """What the feed still holds (the process is gone; its last lines may name the culprit)."""
+        import time
+
+        os.set_blocking(self.feed, False)
+        while True:
+            try:
+                data = os.read(self.feed, 1 << 16)
+            except OSError:
+                return
+            if not data:
+                return
+            self.take(data, time.monotonic())
+
+    # -- following the feed ------------------------------------------------------------------
+    def take(self, data: bytes, now: float) -> None:
+        """Apply the complete lines in DATA (a partial last line waits for the rest)."""
+        from importwatch.events import parse_line
+
+        data = self._buffer + data
+        lines = data.split(b"\n")
+        self._buffer = lines.pop()
+        for raw in lines:
+            line = raw.decode("ascii", "replace")
+            if line.startswith("#"):
+                self._control(line)
+                continue
+            event = parse_line(line)
+            if event is not None:
+                self.apply(event, now)
+
+    def _control(self, line: str) -> None:
+        word, _, rest = line[1:].partition(" ")
+        if word == "exit":
+            self.clean = True
+        elif word == "thread":
+            name, _, tid = rest.rpartition(" ")
+            if tid.isdigit():
+                self.tids[name] = int(tid)
+        elif word == "lost" and rest.isdigit():
+            self.lost += int(rest)
+
+    def apply(self, event: Event, now: float) -> None:
+        """One event: starts and ends move the per-thread stacks; both count as progress."""
+        kind = event.kind
+        if kind in _STARTS or kind in _ENDS:
+            stack = self.stacks.setdefault(event.thread, [])
+            # The indentation is the depth: lost lines cannot leave a step in flight forever.
+            del stack[event.depth :]
+            if kind in _STARTS:
+                stack.append(Step(kind, event.name, now, event.depth))
+            elif kind == "native_end":
+                self._after_native_end()
+            self._progress(now)
+        elif kind == "checkpoint":
+            self._progress(now)
+        elif kind == "warning":
+            stack = self.stacks.get(event.thread)
+            if stack:
+                stack[-1].warnings.append(event.text.strip())
+        elif event.text.startswith("exiting with status"):
+            self.clean = True
+
+    def _progress(self, now: float) -> None:
+        if self.reports:
+            self.reports = 0
+        self.progress = now
+        self.samples.clear()
+
+    def _after_native_end(self) -> None:
+        # The baseline for "mapped since the load in flight began": what was mapped when the
+        # previous load ended. Read now, before the next load can map anything.
+        self.mapped.rescan()
+        self.mapped_before = dict(self.mapped.paths)
+
+    def _in_flight(self) -> dict[str, list[Step]]:
+        return {name: stack for name, stack in self.stacks.items() if stack}
+
+    # -- stalls -------------------------------------------------------------------------------
+    def tick(self, now: float) -> None:
+        """Between lines: sample the threads' CPU time, and report when a stall is due."""
+        from importwatch import outside
+
+        if not self._in_flight():
+            return
+        if not self.samples or now - self.samples[-1][0] >= SAMPLE_INTERVAL * 0.9:
+            self.samples.append((now, outside.sample_threads(self.pid)))
+            # Keep enough to measure the last second (or the last threshold, when shorter).
+            while len(self.samples) > 2 and now - self.samples[1][0] >= self._window():
+                self.samples.pop(0)
+        if self.timeout > 0 and now >= self._due():
+            self.report(now)
+
+    def _window(self) -> float:
+        return min(1.0, self.timeout) if self.timeout > 0 else 1.0
+
+    def report(self, now: float) -> None:
+        """The outside report of a stall; see the class docstring."""
+        from importwatch import outside
+
+        self.reports += 1
+        first = self.reports == 1
+        lines = self._report_lines(now)
+        for kind, body, fields in lines:
+            self.sink.event(kind, f"outside: {body}", fields)
+        verdict = lines[0][2].get("verdict") if lines else None
+        if first and verdict in (outside.WAITING, outside.BUSY):
+            # Last, as a debugger takes a while: the lines above are out already.
+            tool, stack_lines = outside.native_stacks(self.pid)
+            title = f"native stacks ({tool}):" if tool else stack_lines.pop(0)
+            self.sink.event("outside", f"outside: {title}", {})
+            for line in stack_lines:
+                self.sink.event("outside", f"outside:   {line}", {})
+        if self.exit_on_stall and verdict in (outside.WAITING, outside.STOPPED):
+            self.sink.event(
+                "exit", f"outside: --exit-on-stall: the program is {verdict}, not busy: killing it", {}
+            )
+            self.clean = True
+            try:
+                os.kill(self.pid, 9)
+            except OSError:
+                pass
+
+    def _report_lines(self, now: float) -> list[tuple[str, str, dict]]:
+        from importwatch import outside
+
+        pid = self.pid
+        current = outside.sample_threads(pid, detail=True)
+        if not current:
+            return []
+        earlier, seconds = self._earlier(now)
+        stat = outside.process_stat(pid)
+        chains = self._in_flight()
+        names = {tid: name for name, tid in self.tids.items()}
+        culprit_name = "MainThread" if "MainThread" in chains else next(iter(chains))
+        culprit = (
+            current.get(self.tids.get(culprit_name, -1)) or current.get(pid) or next(iter(current.values()))
+        )
+
+        verdicts = {}
+        for tid, sample in current.items():
+            share = outside.cpu_share(earlier.get(tid), sample, seconds)
+            verdicts[tid] = (outside.verdict(sample, share), share)
+        if stat is not None and stat.state in "Tt":
+            overall = outside.STOPPED
+        else:
+            overall = verdicts[culprit.tid][0]
+            if overall == outside.GONE:
+                overall = outside.WAITING
+        chain = " > ".join(step.describe(now) for step in chains[culprit_name])
+        lines: list[tuple[str, str, dict]] = []
+        head = self._headline(overall, culprit_name, culprit, verdicts[culprit.tid][1], seconds, stat)
+        lines.append(("outside", f"{head}; in flight: {culprit_name}: {chain}", {"verdict": overall}))
+
+        # Threads in flight first, then the rest; a long tail of idle threads is counted.
+        order = sorted(current, key=lambda tid: (names.get(tid) not in chains, tid != pid, tid))
+        for index, tid in enumerate(order):
+            if index == _THREAD_LINES:
+                rest = [verdicts[t][0] for t in order[index:]]
+                summary = ", ".join(f"{rest.count(v)} {v}" for v in sorted(set(rest)))
+                lines.append(("outside", f"{len(rest)} more threads: {summary}", {}))
+                break
+            sample = current[tid]
+            label = names.get(tid) or f"thread-{tid}"
+            what, share = verdicts[tid]
+            body = f"{label} (tid {tid}, {sample.comm}): {self._state_text(sample, share)}: {what}"
+            if what != outside.BUSY:
+                waits = outside.waits_on(pid, sample)
+                if waits:
+                    body += f"; {waits}"
+            lines.append(("outside", body, {"thread": label, "tid": tid, "verdict": what}))
+
+        if stat is not None and stat.state in "Tt":
+            lines.append(("outside", self._stopped_hint(stat), {}))
+        elif outside.stdin_terminal(pid) and stat is not None and stat.background:
+            lines.append(("outside", "it reads a terminal on stdin from the background: redirect stdin", {}))
+        lines += self._mapped_lines(pid, chains[culprit_name], culprit)
+        for step in chains[culprit_name]:
+            for warning in step.warnings:
+                lines.append(("outside", f"said for {step.name}: {warning}", {}))
+        if self.lost:
+            lines.append(
+                ("outside", f"the feed lost {self.lost} lines: in-flight steps may be incomplete", {})
+            )
+        return lines
+
+    def _earlier(self, now: float) -> tuple[dict[int, ThreadSample], float]:
+        """The sample about one window ago, taken during the stall, and the seconds since."""
+        window = self._window()
+        for when, sample in self.samples:
+            if now - when <= window * 1.3:
+                return sample, now - when
+        if self.samples:
+            when, sample = self.samples[-1]
+            return sample, now - when
+        return {}, 0.0
+
+    @staticmethod
+    def _state_text(sample: ThreadSample, share: float | None) -> str:
+        text = sample.state_name
+        if sample.wchan:
+            text += f" in {sample.wchan}"
+        if share is not None:
+            text += f", {share * 100:.0f}% CPU"
+        return text
+
+    def _headline(self, overall, name, culprit, share, seconds, stat) -> str:
+        from importwatch import outside
+
+        who = f"{name} {self._state_text(culprit, share)}"
+        span = f" over the last {seconds:.1f} s" if seconds else ""
+        if overall == outside.BUSY:
+            return (
+                f"busy, not stuck: {who}{span}; a long import that keeps a CPU busy is often CUDA JIT "
+                "(compiling PTX for this GPU) or a build, and ends by itself"
+            )
+        if overall == outside.STOPPED:
+            return (
+                f"stopped: process {self.pid} is stopped ({stat.state_name if stat else 'T'}), nothing runs"
+            )
+        return f"waiting: {who}{span}; not using CPU: blocked, not slow"
+
+    def _stopped_hint(self, stat) -> str:
+        if stat.background:
+            return (
+                "it is a background job of its terminal: touching the terminal stops it (SIGTTIN/SIGTTOU); "
+                "redirect stdin (< /dev/null) or run it in the foreground"
+            )
+        return f"something stopped it (SIGSTOP, SIGTSTP or a debugger); kill -CONT {self.pid} resumes it"
+
+    def _mapped_lines(
+        self, pid: int, chain: list[Step], culprit: ThreadSample
+    ) -> list[tuple[str, str, dict]]:
+        from importwatch import outside
+
+        load = next((step for step in reversed(chain) if step.kind == "native"), None)
+        if load is None:
+            return []
+        current = self.mapped.scan() or {}
+        new = [path for path in current if path not in self.mapped_before]
+        lines: list[tuple[str, str, dict]] = []
+        if new:
+            names = ", ".join(os.path.basename(path) for path in new)
+            lines.append(("outside", f"mapped since dlopen {load.name} began: {names}", {"mapped": new}))
+        code = outside.CodeRanges(pid)
+        on_stack = outside.libraries_on_stack(pid, culprit, code)
+        candidates = new or [load.name]
+        initialising = next((path for path in on_stack if path in candidates), None)
+        how = "innermost new library on its stack"
+        if initialising is None and new:
+            # No stack to read: mmap hands out addresses top down, so the lowest is the last mapped.
+            initialising, how = new[0], "mapped last"
+        if initialising is not None:
+            lines.append(
+                (
+                    "outside",
+                    f"most likely initialising: {initialising} ({how})",
+                    {"initialising": initialising},
+                )
+            )
+        if on_stack:
+            shown = ", ".join(os.path.basename(path) for path in on_stack[:8])
+            lines.append(("outside", f"libraries on the stack, innermost first: {shown}", {}))
+        return lines
+
+    # -- the end -------------------------------------------------------------------------------
+    def ended(self) -> int:
+        """The program is gone (or has exec'd): one line if it died with something in flight."""
+        import select
+        import time
+
+        from importwatch import outside
+
+        if self._pidfd is not None:
+            select.select([self._pidfd], [], [], 1.0)
+        status = None
+        deadline = time.monotonic() + 1.0
+        while True:
+            stat = outside.process_stat(self.pid)
+            if stat is None or (self.start_time is not None and stat.start != self.start_time):
+                if self._pidfd is not None:
+                    status = outside.reaped_status(self._pidfd)
+                break
+            if stat.state in "ZX":
+                status = stat.exit_code
+                break
+            if time.monotonic() > deadline:
+                return 0  # alive without its feed: it exec'd another program
+            time.sleep(0.005)
+        chains = self._in_flight()
+        if self.clean or not chains:
+            return 0
+        now = time.monotonic()
+        name, stack = next(iter(chains.items()))
+        for candidate in ("MainThread", *chains):
+            if candidate in chains:
+                name, stack = candidate, chains[candidate]
+                break
+        chain = " > ".join(step.describe(now) for step in stack)
+        if status is None:
+            how = "ended without a clean exit (its exit status was gone before the watcher could read it)"
+        else:
+            how = outside.describe_status(status)
+            if os.WIFEXITED(status):
+                how += " without a clean exit (os._exit, or exit() called from C)"
+        self.sink.event(
+            "died",
+            f"outside: died during import: process {self.pid} {how} after {now - stack[0].start:.1f} s "
+            f"with in flight: {name}: {chain}",
+            {"status": status, "chain": f"{name}: {chain}"},
+        )
+        return 0
+
+
+def main(args: list[str] | None = None) -> int:
+    """`python -m importwatch.sidecar --pid PID --feed FD [--timeout S] [--log PATH]`: the watcher."""
+    import argparse
+    import signal
+
+    parser = argparse.ArgumentParser(prog="importwatch.sidecar")
+    parser.add_argument("--pid", type=int, required=True)
+    parser.add_argument("--feed", type=int, required=True)
+    parser.add_argument("--timeout", type=float, default=30.0)
+    parser.add_argument("--start", type=int, default=None)
+    parser.add_argument("--log")
+    parser.add_argument("--exit-on-stall", action="store_true")
+    options = parser.parse_args(sys.argv[1:] if args is None else args)
+    _close_inherited(keep={0, 1, 2, options.feed})
+    # The terminal's signals are the program's business; the watcher leaves when the program does.
+    for name in ("SIGINT", "SIGHUP", "SIGTSTP", "SIGTTIN", "SIGTTOU", "SIGPIPE", "SIGQUIT"):
+        signal.signal(getattr(signal, name), signal.SIG_IGN)
+    from importwatch.log import Sink
+
+    sink = Sink()
+    sink.pid = options.pid  # every line is about the traced process
+    sink.set_rank(sink.rank)
+    if options.log:
+        sink.open_log(options.log)
+    watcher = Watcher(sink, options.pid, options.feed, options.timeout, options.start, options.exit_on_stall)
+    try:
+        return watcher.run()
+    except Exception as error:  # say it and go: a watcher must never hang around broken
+        sink.warn(f"the watcher stopped: {type(error).__name__}: {error}")
+        return 1
+
+
+def _close_inherited(keep: set[int]) -> None:
+    """Close every descriptor the program let us inherit: its pipes must see EOF when it exits."""
+    try:
+        fds = [int(fd) for fd in os.listdir("/proc/self/fd")]
+    except OSError:
+        return
+    for fd in fds:
+        if fd not in keep:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
