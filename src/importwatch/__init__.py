@@ -1,13 +1,16 @@
 """importwatch: say which import a silent Python job is stuck in.
 
 The public API is small and imports nothing heavy: install() and uninstall()
-switch tracing on and off in the current process.
+switch tracing on and off in the current process; checkpoint() and phase() mark
+where the program is, and do nothing while tracing is off.
 """
 
 from __future__ import annotations
 
 __version__ = "0.1.0"
-__all__ = ["__version__", "install", "uninstall"]
+__all__ = ["__version__", "checkpoint", "install", "phase", "uninstall"]
+
+from importwatch.phases import checkpoint, phase
 
 
 def install(timeout: float | None = None, log: str | None = None, exit_on_stall: bool = False) -> None:
@@ -28,3 +31,17 @@ def uninstall() -> None:
     from importwatch import startup
 
     startup.deactivate()
+
+
+def pytest_plugin_registered(plugin: object, manager: object) -> None:
+    """`pytest -p importwatch`: trace this pytest process from the moment the plugin is registered.
+
+    That is before pytest's capture takes over stderr and before conftest files
+    and test modules are collected, so a hang in collection is named too.
+    """
+    import sys
+
+    if plugin is sys.modules[__name__]:
+        from importwatch import pytest_plugin
+
+        pytest_plugin.start()

@@ -9,7 +9,7 @@ import re
 # LOCAL_RANK set), THREAD only when not the main thread.
 _TEXT = re.compile(r"^\[importwatch (\d+)(?: r(\d+))? (\d\d:\d\d:\d\d\.\d\d\d)(?: (\S+))?\] (.*)$")
 _END = re.compile(r"^(\S+) (\d+(?:\.\d+)?) ms(?: failed (.*))?$")
-_NATIVE_START = re.compile(r"^dlopen (.*) \((\S+)\)$")
+_NATIVE_START = re.compile(r"^dlopen (.*?) \((\S+)\)(?: needs (.*))?$")
 # Phases (named by the program, spaces allowed) and blocking steps (one word, then details).
 _PHASE_END = re.compile(r"^(.*?) (\d+(?:\.\d+)?) ms(?: failed (.*))?$")
 _NATIVE_END = re.compile(r"^dlopen (.*?) (\d+(?:\.\d+)?) ms(?: failed (.*?))?(?:; (.*))?$")
@@ -32,7 +32,9 @@ OTHER_KINDS = {
     "  also in flight: ": "stall_thread",
     "RESUMED ": "resumed",
     "! ": "warning",
+    "outside: ": "outside",
     "  context: ": "stall_context",
+    "  busy, not stuck: ": "busy",
     "fork ": "fork",
 }
 
@@ -132,14 +134,22 @@ def _parse_json(line: str) -> Event | None:
         record = json.loads(line)
     except ValueError:
         return None
-    if not isinstance(record, dict) or "kind" not in record or "pid" not in record:
+    if not isinstance(record, dict) or "kind" not in record or not isinstance(record.get("pid"), int):
         return None
     text = str(record.get("text", ""))
-    event = Event(str(record["kind"]), int(record["pid"]), str(record.get("thread", "MainThread")), text)
-    event.time = record.get("time")
+    event = Event(str(record["kind"]), record["pid"], str(record.get("thread", "MainThread")), text)
+    event.time = _number(record.get("time"))
     event.name = str(record.get("name") or record.get("path") or "")
-    event.ms = record.get("ms")
-    event.error = record.get("error")
+    event.ms = _number(record.get("ms"))
+    error = record.get("error")
+    event.error = None if error is None else str(error)
     event.rank = record.get("rank")
     event.depth = (len(text) - len(text.lstrip(" "))) // 2
     return event
+
+
+def _number(value: object) -> float | None:
+    """A JSON number, or None for anything else (a log written by someone else)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    return None

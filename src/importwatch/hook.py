@@ -101,6 +101,7 @@ class Tracer:
     def __init__(self, sink: Sink) -> None:
         self.sink = sink
         self.stacks: dict[int, list[Frame]] = {}
+        self.native_ids: dict[int, int] = {}  # thread ident: kernel thread id
         self.progress = time.monotonic()  # when the last event happened
         self.on_start: dict[str, Callable[[str], None]] = {}
         self.on_end: dict[str, Callable[[Any], None]] = {}
@@ -109,6 +110,7 @@ class Tracer:
         self.on_gil_held: Callable[[Frame], None] | None = None
         self.on_gil_released: Callable[[Frame], None] | None = None
         self.finder = ImportWatchFinder(self)
+        self._errors_said: set[str] = set()
         self._saved: tuple[Callable, Callable] | None = None
 
     # -- installing ------------------------------------------------------------
@@ -139,6 +141,8 @@ class Tracer:
         on_start = self.on_start
         on_end = self.on_end
         get_ident = _thread.get_ident
+        get_native_id = _thread.get_native_id
+        native_ids = self.native_ids
         clock = time.monotonic
         tracer = self
 
@@ -149,6 +153,7 @@ class Tracer:
             stack = stacks.get(ident)
             if stack is None:
                 stack = stacks[ident] = []
+                native_ids[ident] = get_native_id()  # for the watchdog's look at its CPU time
             parent = stack[-1].name if stack else None
             indent = "  " * len(stack)
             hook = on_start.get(name)
@@ -221,6 +226,7 @@ class Tracer:
         stack = self.stacks.get(ident)
         if stack is None:
             stack = self.stacks[ident] = []
+            self.native_ids[ident] = _thread.get_native_id()
         frame = Frame(name, time.monotonic(), kind)
         frame.detail = detail
         stack.append(frame)
@@ -265,7 +271,14 @@ class Tracer:
         try:
             function(argument)
         except Exception as error:
-            self.sink.warn(f"internal error in {function.__name__}: {type(error).__name__}: {error}")
+            self.internal_error(getattr(function, "__qualname__", "a callback"), error)
+
+    def internal_error(self, where: str, error: BaseException) -> None:
+        """A bug of ours: said once per place, and the program goes on."""
+        if where in self._errors_said:
+            return
+        self._errors_said.add(where)
+        self.sink.warn(f"importwatch internal error in {where}: {type(error).__name__}: {error}")
 
     def after_fork_in_child(self) -> None:
         """Only the forking thread survives a fork: drop the others' chains."""

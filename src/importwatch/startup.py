@@ -7,7 +7,8 @@ import faulthandler
 import os
 import sys
 
-from importwatch import banner, config
+from importwatch import banner, config, phases
+from importwatch.blocking import BlockingSteps
 from importwatch.hook import Tracer
 from importwatch.log import Sink
 from importwatch.native import NativeLoads
@@ -21,22 +22,28 @@ if TYPE_CHECKING:
 class Tracing:
     """Everything one active process has installed, and how to take it out again."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, stderr_fd: int = 2) -> None:
         self.settings = settings
-        self.sink = Sink()
+        self.sink = Sink(stderr_fd)
         self.tracer = Tracer(self.sink)
         self.native = NativeLoads(self.tracer)
+        self.blocking = BlockingSteps(self.tracer)
         self.watchdog: Watchdog | None = None
         self._usr1 = False
+        self.spawning = False  # our own fork (starting the watcher): the fork hooks stay out of it
 
     def start(self, argv: list[str], warnings: list[str]) -> None:
         self._open_log()
         for warning in warnings:
             self.sink.warn(warning)
         banner.write_banner(self.sink, argv)
+        self._start_watcher()
+        self.tracer.on_start["torch"] = lambda _: banner.torch_before(self.sink, *self.native.torch_facts())
         self.tracer.on_end["torch"] = lambda torch: banner.torch_loaded(self.sink, torch)
         self.tracer.install()
         self.native.install()
+        self.blocking.install()  # torch's init steps, wrapped when (and if) their modules arrive
+        phases.bind(self.tracer)
         self._start_faulthandler()
         self._start_watchdog()
 
@@ -51,26 +58,57 @@ class Tracing:
             self.watchdog.stop()
             self.watchdog = None
         self._start_watchdog()
+        if self.sink.feed is not None and (settings.log, settings.timeout) != (old.log, old.timeout):
+            self.sink.close_feed()  # the old watcher sees the end of its feed and leaves
+        if self.sink.feed is None:
+            self._start_watcher()
 
     def stop(self) -> None:
         if self.watchdog is not None:
             self.watchdog.stop()
             self.watchdog = None
+        phases.bind(None)
+        self.blocking.uninstall()
         self.native.uninstall()
         self.tracer.uninstall()
         if self._usr1:
             faulthandler.unregister(_signal.SIGUSR1)
             self._usr1 = False
+        self.sink.close_feed()
         self.sink.close_log()
 
     def _open_log(self) -> None:
         if self.settings.log:
-            self.sink.open_log(config.expand_log_path(self.settings.log, self.sink.pid))
+            self.sink.open_log(config.expand_log_path(self.settings.log, self.sink.pid, self.sink.rank))
 
     def _start_watchdog(self) -> None:
         if self.settings.timeout > 0:
             self.watchdog = Watchdog(self.tracer, self.settings.timeout, self.settings.exit_on_stall)
             self.watchdog.start()
+
+    def _start_watcher(self) -> None:
+        """The watcher process (sidecar.py), when asked for: it sees from outside what no thread here can."""
+        if not self.settings.watcher:
+            return
+        from importwatch import sidecar
+
+        self.spawning = True
+        try:
+            settings = self.settings
+            why = sidecar.launch(self.sink, settings.timeout, self.sink.log_path, settings.exit_on_stall)
+        except OSError as error:
+            why = str(error)
+        finally:
+            self.spawning = False
+        if why is not None:
+            self.sink.warn(f"no watcher process: {why}")
+            return
+        global _exit_hook
+        if not _exit_hook:
+            _exit_hook = True
+            import atexit
+
+            atexit.register(_say_exit)
 
     def _start_faulthandler(self) -> None:
         """Fatal signals and SIGUSR1 dump every thread's stack where our lines go."""
@@ -92,18 +130,30 @@ class Tracing:
 
     def after_fork(self, in_child: bool) -> None:
         if in_child:
+            self.sink.close_feed()  # the watcher follows this process, not its children
+            parent = self.sink.pid
             self.sink.after_fork_in_child()
             self.tracer.after_fork_in_child()
             log = self.settings.log
             if log and ("{pid}" in log or os.path.isdir(os.path.expanduser(log))):
                 self.sink.close_log()
                 self._open_log()
+                self._start_faulthandler()  # its descriptor was the parent's file, now closed
+            # A worker that imports nothing new would otherwise leave no trace of its pid.
+            self.sink.event("fork", f"fork child of {parent}", {"parent": parent})
         if self.watchdog is not None:
             self.watchdog.after_fork(in_child)
 
 
 _active: Tracing | None = None
 _fork_hooks = False
+_exit_hook = False
+
+
+def _say_exit() -> None:
+    """At a normal interpreter exit: tell the watcher, so it can tell a clean exit from a death."""
+    if _active is not None:
+        _active.sink.feed_line("#exit")
 
 
 def active() -> Tracing | None:
@@ -115,6 +165,7 @@ def activate(
     settings: Settings | None = None,
     warnings: list[str] | None = None,
     argv: list[str] | None = None,
+    stderr_fd: int = 2,
 ) -> Tracing:
     """Switch tracing on; a second call keeps what is installed and applies new settings."""
     global _active
@@ -125,7 +176,7 @@ def activate(
         if settings is not _active.settings:
             _active.reconfigure(settings)
         return _active
-    tracing = Tracing(settings)
+    tracing = Tracing(settings, stderr_fd)
     _active = tracing
     _register_fork_hooks()
     if argv is None:
@@ -174,7 +225,7 @@ _FORK_WARNING = ("ignore", None, DeprecationWarning, None, 0)
 
 
 def _before_fork() -> None:
-    if _active is None:
+    if _active is None or _active.spawning:
         return
     _active.before_fork()
     warnings = sys.modules.get("warnings")
@@ -188,7 +239,7 @@ def _after_fork(in_child: bool) -> None:
     if warnings is not None and _FORK_WARNING in warnings.filters:
         warnings.filters.remove(_FORK_WARNING)
         warnings._filters_mutated()
-    if _active is not None:
+    if _active is not None and not _active.spawning:
         _active.after_fork(in_child)
 
 
