@@ -43,7 +43,9 @@ def make_tree(root: Path, count: int) -> str:
 def run_once(code: str, env: dict[str, str], stderr_path: Path) -> float:
     with open(stderr_path, "ab") as stderr:
         began = time.perf_counter()
-        subprocess.run([sys.executable, "-c", code], env=env, stderr=stderr, stdout=subprocess.DEVNULL, check=True)
+        subprocess.run(
+            [sys.executable, "-c", code], env=env, stderr=stderr, stdout=subprocess.DEVNULL, check=True
+        )
         return time.perf_counter() - began
 
 
@@ -92,8 +94,12 @@ def main() -> None:
         imports = args.modules + (args.modules + 49) // 50 + 1
         per_import = (traced - plain) / imports * 1e6
         print(f"module tree: {imports} imports, plain {plain * 1000:.1f} ms, traced {traced * 1000:.1f} ms")
-        print(f"  overhead {per_import:.1f} us per import, traced/plain {ratio:.3f} (median of {args.pairs} pairs)")
-        has_torch = subprocess.run([sys.executable, "-c", "import torch"], capture_output=True).returncode == 0
+        print(
+            f"  overhead {per_import:.1f} us per import, traced/plain {ratio:.3f} (median of {args.pairs} pairs)"
+        )
+        has_torch = (
+            subprocess.run([sys.executable, "-c", "import torch"], capture_output=True).returncode == 0
+        )
         if has_torch and args.torch_pairs:
             plain, traced, ratio = compare("import torch", args.torch_pairs, dict(os.environ), workdir)
             print(f"import torch: plain {plain * 1000:.0f} ms, traced {traced * 1000:.0f} ms")

@@ -3,54 +3,24 @@
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import sysconfig
 import time
 from pathlib import Path
 
 import pytest
+
+from cbuild import compile_extension, compile_shared
+
+__all__ = ["compile_extension", "compile_library", "compile_shared"]
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures"
 
 
 # -- compiled fixtures ---------------------------------------------------------------
-def _cc() -> str:
-    compiler = shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        pytest.skip("no C compiler on this machine")
-    return compiler
-
-
-def compile_extension(source: Path, out_dir: Path, module: str, extra: list[str] = ()) -> Path:
-    """Build SOURCE as the CPython extension MODULE (a dotted name) under OUT_DIR."""
-    *package, leaf = module.split(".")
-    target = out_dir.joinpath(*package, leaf + sysconfig.get_config_var("EXT_SUFFIX"))
-    target.parent.mkdir(parents=True, exist_ok=True)
-    for depth in range(len(package)):
-        init = out_dir.joinpath(*package[: depth + 1], "__init__.py")
-        if not init.exists():
-            init.write_text("")
-    command = [
-        _cc(), "-shared", "-fPIC", "-O0", "-o", str(target), str(source),
-        f"-I{sysconfig.get_paths()['include']}",
-        f'-DMODULE_NAME="{module}"', f"-DMODULE_SYMBOL={leaf}", *extra,
-    ]  # fmt: skip
-    subprocess.run(command, check=True)
-    return target
-
-
-def compile_library(source: Path, target: Path, extra: list[str] = ()) -> Path:
-    """Build SOURCE as a plain shared library at TARGET."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    command = [_cc(), "-shared", "-fPIC", "-O0", "-o", str(target), str(source), *extra]
-    subprocess.run(command, check=True)
-    return target
-
-
+# compile_extension and compile_shared live in cbuild.py; tests import them from here or there.
 @pytest.fixture(scope="session")
 def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A folder on which the hang fixtures are compiled once per session."""
@@ -59,7 +29,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     compile_extension(hang / "blocking_ext.c", out, "hangext")
     compile_extension(hang / "blocking_ext.c", out, "fastkern._kernels")
     compile_extension(hang / "crashing_ext.c", out, "crashext")
-    compile_library(hang / "blocking_lib.c", out / "libblocking.so")
+    compile_shared(hang / "blocking_lib.c", out / "libblocking.so")
     return out
 
 
@@ -141,3 +111,8 @@ def start(tmp_path: Path):
 def traced(*args: str) -> list[str]:
     """The command line of `python -m importwatch ARGS`."""
     return [sys.executable, "-m", "importwatch", *args]
+
+
+def compile_library(source: Path, target: Path, extra: list[str] = ()) -> Path:
+    """A plain shared library at TARGET (cbuild.compile_shared with only extra flags)."""
+    return compile_shared(source, target, extra=extra)

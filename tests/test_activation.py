@@ -9,11 +9,14 @@ import venv
 from pathlib import Path
 
 import pytest
+
 from conftest import ROOT, clean_env
 
 pytestmark = pytest.mark.timeout(300)
 
-CHECK = "import sys; print('importwatch' in sys.modules, sorted(m for m in sys.modules if 'importwatch' in m))"
+CHECK = (
+    "import sys; print('importwatch' in sys.modules, sorted(m for m in sys.modules if 'importwatch' in m))"
+)
 
 
 def _python(env_dir: Path) -> str:
@@ -67,7 +70,10 @@ def editable(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_variable_switches_tracing_on_in_a_fresh_venv(kind: str, request: pytest.FixtureRequest) -> None:
     env_dir = request.getfixturevalue(kind)
     on = subprocess.run(
-        [_python(env_dir), "-c", "import json"], capture_output=True, text=True, env=clean_env(IMPORTWATCH="1")
+        [_python(env_dir), "-c", "import json"],
+        capture_output=True,
+        text=True,
+        env=clean_env(IMPORTWATCH="1"),
     )
     assert on.returncode == 0
     assert on.stderr.count("start python") == 1  # once, though site may process the .pth twice
@@ -100,7 +106,9 @@ def test_children_inherit_the_variable_and_carry_their_pid(installed: Path) -> N
 def test_activation_error_is_one_line_and_the_program_runs(installed: Path, tmp_path: Path) -> None:
     # A log path in a directory that does not exist: said once, tracing goes on to stderr.
     env = clean_env(IMPORTWATCH="1", IMPORTWATCH_LOG=str(tmp_path / "no" / "such" / "dir" / "x.log"))
-    result = subprocess.run([_python(installed), "-c", "print('ran')"], capture_output=True, text=True, env=env)
+    result = subprocess.run(
+        [_python(installed), "-c", "print('ran')"], capture_output=True, text=True, env=env
+    )
     assert result.returncode == 0 and result.stdout == "ran\n"
     assert result.stderr.count("cannot open log file") == 1
 

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from conftest import clean_env, importwatch
 
 pytestmark = pytest.mark.timeout(60)
@@ -55,7 +56,11 @@ def test_script_named_like_a_subcommand_runs_as_dot_slash(tmp_path: Path) -> Non
 @pytest.mark.parametrize(
     ("name", "value", "warning"),
     [
-        ("IMPORTWATCH_TIMEOUT", "soon", "IMPORTWATCH_TIMEOUT: expected a number of seconds, got 'soon'; using 30"),
+        (
+            "IMPORTWATCH_TIMEOUT",
+            "soon",
+            "IMPORTWATCH_TIMEOUT: expected a number of seconds, got 'soon'; using 30",
+        ),
         ("IMPORTWATCH_EXIT_ON_STALL", "maybe", "IMPORTWATCH_EXIT_ON_STALL: expected 1 or 0, got 'maybe'"),
     ],
 )

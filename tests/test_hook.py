@@ -9,6 +9,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+
 from conftest import clean_env, importwatch
 
 pytestmark = pytest.mark.timeout(60)
@@ -139,7 +140,9 @@ def test_special_modules_behave_as_without_the_hook(tmp_path: Path) -> None:
 
 def test_non_ascii_module_names_are_escaped(tmp_path: Path) -> None:
     root = _layout(tmp_path, {"caf\u00e9.py": "X = 1\n"})
-    result = importwatch("-c", "import caf\u00e9", env=clean_env(PYTHONPATH=str(root), PYTHONIOENCODING="utf-8"))
+    result = importwatch(
+        "-c", "import caf\u00e9", env=clean_env(PYTHONPATH=str(root), PYTHONIOENCODING="utf-8")
+    )
     assert result.returncode == 0, result.stderr
     ours = [line for line in result.stderr.splitlines() if line.startswith("[importwatch ")]
     assert all(line.isascii() for line in ours)

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from conftest import clean_env
 
 pytestmark = pytest.mark.timeout(60)
@@ -137,6 +138,8 @@ def test_pickling_classes_defined_in_main(project: Path) -> None:
 
 
 def test_target_options_are_not_ours(project: Path) -> None:
-    traced = _run([sys.executable, "-m", "importwatch", "probe.py", "--timeout", "x", "--log", "/nope"], project)
+    traced = _run(
+        [sys.executable, "-m", "importwatch", "probe.py", "--timeout", "x", "--log", "/nope"], project
+    )
     assert "argv ['probe.py', '--timeout', 'x', '--log', '/nope']" in traced.stdout
     assert traced.returncode == 0

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from conftest import traced
 
 pytestmark = pytest.mark.timeout(60)
@@ -192,3 +193,17 @@ def test_resumed_after_gil_held_stall(built: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert "Timeout" in result.stderr
     assert "RESUMED" in result.stderr and "< hangext" in result.stderr
+
+
+def test_busy_import_is_slow_not_stuck_and_not_ended(tmp_path: Path) -> None:
+    from conftest import clean_env, importwatch
+
+    root = _package(
+        tmp_path,
+        {"spin.py": "import time\nend = time.monotonic() + 2.2\nwhile time.monotonic() < end:\n    pass\n"},
+    )
+    env = clean_env(PYTHONPATH=str(root))
+    result = importwatch("--timeout", "1", "--exit-on-stall", "--no-watcher", "-c", "import spin", env=env)
+    assert result.returncode == 0, result.stderr
+    assert "STALL" in result.stderr and "busy, not stuck: MainThread used" in result.stderr
+    assert "exiting with status 1" not in result.stderr and "< spin " in result.stderr

@@ -1,0 +1,20 @@
+"""`pytest -p importwatch`: tracing for a pytest process, collection included, set by IMPORTWATCH_* variables."""
+
+from __future__ import annotations
+
+import os
+
+from importwatch import config, startup
+
+
+def start() -> None:
+    """Switch tracing on, writing to a copy of stderr that pytest's output capture leaves alone."""
+    if startup.active() is not None:
+        return  # IMPORTWATCH=1 already traces this process
+    settings, warnings = config.from_env()
+    try:
+        stderr_fd = os.dup(2)
+    except OSError:
+        stderr_fd = 2
+    os.set_inheritable(stderr_fd, False)
+    startup.activate(settings, warnings, stderr_fd=stderr_fd)
