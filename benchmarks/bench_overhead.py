@@ -89,6 +89,7 @@ def main() -> None:
         tree = workdir / "tree"
         tree.mkdir()
         code = make_tree(tree, args.modules)
+        # Bytecode caches written as in a normal installation, for the program and for importwatch.
         env = dict(os.environ, PYTHONPATH=str(tree), PYTHONDONTWRITEBYTECODE="")
         plain, traced, ratio = compare(code, args.pairs, env, workdir)
         imports = args.modules + (args.modules + 49) // 50 + 1
@@ -101,7 +102,9 @@ def main() -> None:
             subprocess.run([sys.executable, "-c", "import torch"], capture_output=True).returncode == 0
         )
         if has_torch and args.torch_pairs:
-            plain, traced, ratio = compare("import torch", args.torch_pairs, dict(os.environ), workdir)
+            plain, traced, ratio = compare(
+                "import torch", args.torch_pairs, dict(os.environ, PYTHONDONTWRITEBYTECODE=""), workdir
+            )
             print(f"import torch: plain {plain * 1000:.0f} ms, traced {traced * 1000:.0f} ms")
             print(f"  traced/plain {ratio:.3f} (median of {args.torch_pairs} pairs)")
         else:

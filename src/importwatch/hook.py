@@ -1,6 +1,6 @@
 """The import hook: every import that misses sys.modules becomes a start event and an end event.
 
-Three hook points, each for something the others cannot see:
+Two hook points, each for something the other cannot see:
 
 - ``importlib._bootstrap._find_and_load`` is looked up by name on every import
   that misses ``sys.modules``, whichever finder serves it (also those inserted
@@ -11,8 +11,9 @@ Three hook points, each for something the others cannot see:
 - A ``sys.meta_path`` finder at the front marks the moment the finders start,
   which tells a wait for another thread's module lock from a slow find. It finds
   nothing itself, so every module keeps the spec and the loader it would have had.
-- ``importlib._bootstrap._load_unlocked`` marks the moment the loader starts and
-  the file it runs.
+
+Which file an import is running is read from sys.modules when a report needs
+it, which keeps a third hook off the hot path.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ class Frame:
         self.start = start
         self.progress = start  # last sign of life: the start, or the end of a nested step
         self.phase = WAITING if kind == "import" else kind
-        self.detail = ""  # the file being run or loaded, when known
+        self.detail = ""  # a native load's file
         # A phase's or step's own stall threshold, counted from its start (None: the watchdog's,
         # counted from the last progress), and what a stall report should add about it.
         self.timeout: float | None = None
@@ -57,8 +58,22 @@ class Frame:
     def describe(self, now: float) -> str:
         if self.kind != "import":
             return f"{self.name} ({now - self.start:.1f} s)"
-        where = f"{self.phase} {self.detail}" if self.detail else self.phase
-        return f"{self.name} ({where}, {now - self.start:.1f} s)"
+        return f"{self.name} ({self.where()}, {now - self.start:.1f} s)"
+
+    def where(self) -> str:
+        """The import's phase, read when a report needs it rather than tracked on the hot path.
+
+        A module is in sys.modules from the moment its loader starts running it;
+        before that, our finder has marked whether the finders have started.
+        """
+        module = sys.modules.get(self.name)
+        if module is None:
+            return self.phase
+        spec = getattr(module, "__spec__", None)
+        origin = getattr(spec, "origin", None)
+        if getattr(spec, "has_location", False) and isinstance(origin, str):
+            return f"{LOADING} {origin}"
+        return LOADING
 
 
 def as_importlib_frame(function: Callable, name: str | None = None) -> Callable:
@@ -111,7 +126,7 @@ class Tracer:
         self.on_gil_released: Callable[[Frame], None] | None = None
         self.finder = ImportWatchFinder(self)
         self._errors_said: set[str] = set()
-        self._saved: tuple[Callable, Callable] | None = None
+        self._saved: Callable | None = None  # the original _find_and_load while installed
 
     # -- installing ------------------------------------------------------------
     @property
@@ -121,15 +136,14 @@ class Tracer:
     def install(self) -> None:
         if self._saved is not None:
             return
-        self._saved = (_bootstrap._find_and_load, _bootstrap._load_unlocked)
-        _bootstrap._find_and_load = as_importlib_frame(self._make_find_and_load(self._saved[0]))
-        _bootstrap._load_unlocked = as_importlib_frame(self._make_load_unlocked(self._saved[1]))
+        self._saved = _bootstrap._find_and_load
+        _bootstrap._find_and_load = as_importlib_frame(self._make_find_and_load(self._saved))
         sys.meta_path.insert(0, self.finder)
 
     def uninstall(self) -> None:
         if self._saved is None:
             return
-        _bootstrap._find_and_load, _bootstrap._load_unlocked = self._saved
+        _bootstrap._find_and_load = self._saved
         self._saved = None
         if self.finder in sys.meta_path:
             sys.meta_path.remove(self.finder)
@@ -202,22 +216,6 @@ class Tracer:
             return module
 
         return _find_and_load
-
-    def _make_load_unlocked(self, original: Callable) -> Callable:
-        stacks = self.stacks
-        get_ident = _thread.get_ident
-
-        def _load_unlocked(spec: Any) -> Any:
-            stack = stacks.get(get_ident())
-            if stack and stack[-1].name == spec.name:
-                frame = stack[-1]
-                frame.phase = LOADING
-                origin = spec.origin
-                if spec.has_location and isinstance(origin, str):
-                    frame.detail = origin
-            return original(spec)
-
-        return _load_unlocked
 
     # -- steps other than imports ------------------------------------------------
     def push(self, name: str, kind: str, detail: str = "") -> tuple[Frame, int]:

@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import _thread
+import errno
 import os
 import sys
 import time
+
+# Bound once: event() runs twice per import.
+_write = os.write
+_time = time.time
+_get_ident = _thread.get_ident
 
 PREFIX = "importwatch"
 _STDERR = 2
@@ -118,6 +124,8 @@ class Sink:
         self.main_thread = 0
         self._second = -1
         self._clock = ""
+        self._msec = -1
+        self._stamp = ""
         self._head = ""
         self._json = None
         self.after_fork_in_child()
@@ -183,38 +191,67 @@ class Sink:
 
     # -- writing -------------------------------------------------------------
     def event(self, kind: str, body: str, fields: dict | None = None) -> None:
-        """Write one event: BODY as a text line; KIND and FIELDS as well in a JSON log."""
-        now = time.time()
-        second = int(now)
-        if second != self._second:
-            self._second = second
-            self._clock = time.strftime("%H:%M:%S", time.localtime(second))
-        stamp = f"{self._clock}.{int((now - second) * 1000):03d}"
-        ident = _thread.get_ident()
-        thread = None if ident == self.main_thread else self.thread_name(ident)
-        if thread is None:
-            text = f"{self._head}{stamp}] {escape(body)}\n".encode("ascii")
+        """Write one event: BODY as a text line; KIND and FIELDS as well in a JSON log.
+
+        This runs twice per import: it formats with one f-string and writes with
+        one os.write per channel, and does nothing else when nothing goes wrong.
+        """
+        now = _time()
+        msec = int(now * 1000)
+        if msec != self._msec:
+            self._set_stamp(msec)
+        if not (body.isascii() and body.isprintable()):
+            body = escape(body)
+        ident = _get_ident()
+        if ident == self.main_thread:
+            thread = None
+            text = f"{self._head}{self._stamp}] {body}\n".encode("ascii")
         else:
-            text = f"{self._head}{stamp} {thread}] {escape(body)}\n".encode("ascii")
-        self._write(self.stderr, text)
+            thread = self.thread_name(ident)
+            text = f"{self._head}{self._stamp} {thread}] {body}\n".encode("ascii")
+        stderr = self.stderr
+        if not stderr.broken:
+            try:
+                written = _write(stderr.fd, text)
+                if written != len(text):  # rare: a non-blocking stderr took part of it
+                    stderr.write(text[written:])
+            except OSError:
+                stderr.broken = True  # nowhere left to say it
         feed = self.feed
         if feed is not None:
             if thread is not None and ident not in feed.threads:
                 feed.announce(ident, thread)
             feed.send(text)
         log = self.log
-        if log is not None:
+        if log is not None and not log.broken:
             if log.json:
-                record = {"time": now, "pid": self.pid, "thread": thread or "MainThread"}
-                if self.rank is not None:
-                    record["rank"] = self.rank
-                record["kind"] = kind
-                if fields:
-                    record.update(fields)
-                record["text"] = body
-                self._write(log, (self._json.dumps(record) + "\n").encode("ascii"))
-            else:
-                self._write(log, text)
+                text = self._json_line(now, thread, kind, body, fields)
+            try:
+                written = _write(log.fd, text)
+                if written != len(text):
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # a full disk writes short
+            except OSError as error:
+                log.broken = True
+                self.warn(f"cannot write log file {log.name}: {error.strerror}; logging to stderr only")
+
+    def _set_stamp(self, msec: int) -> None:
+        """HH:MM:SS.mmm, with strftime once a second at most."""
+        self._msec = msec
+        second = msec // 1000
+        if second != self._second:
+            self._second = second
+            self._clock = time.strftime("%H:%M:%S", time.localtime(second))
+        self._stamp = f"{self._clock}.{msec % 1000:03d}"
+
+    def _json_line(self, now: float, thread: str | None, kind: str, body: str, fields: dict | None) -> bytes:
+        record = {"time": now, "pid": self.pid, "thread": thread or "MainThread"}
+        if self.rank is not None:
+            record["rank"] = self.rank
+        record["kind"] = kind
+        if fields:
+            record.update(fields)
+        record["text"] = body
+        return (self._json.dumps(record) + "\n").encode("ascii")
 
     def raw(self, data: bytes) -> None:
         """Bytes as they are, to stderr and a text log (faulthandler's dumps go through here)."""
