@@ -215,7 +215,10 @@ class Watcher:
         return wait
 
     def _due(self) -> float:
-        return self.progress + self.timeout * _GROWTH**self.reports + REPORT_DELAY
+        # With --exit-on-stall, faulthandler may end a GIL-held stall 0.3 s after the threshold:
+        # report at the threshold, so the outside view is out before the process is gone.
+        delay = 0.0 if self.exit_on_stall and self.reports == 0 else REPORT_DELAY
+        return self.progress + self.timeout * _GROWTH**self.reports + delay
 
     def _read_all(self) -> None:
         """What the feed still holds (the process is gone; its last lines may name the culprit)."""
@@ -331,6 +334,9 @@ class Watcher:
             for line in stack_lines:
                 self.sink.event("outside", f"outside:   {line}", {})
         if self.exit_on_stall and verdict in (outside.WAITING, outside.STOPPED):
+            stat = outside.process_stat(self.pid)
+            if stat is None or stat.state in "ZX":
+                return  # it ended already: faulthandler's --exit-on-stall came first
             self.sink.event(
                 "exit", f"outside: --exit-on-stall: the program is {verdict}, not busy: killing it", {}
             )
@@ -520,7 +526,9 @@ class Watcher:
             how = "ended without a clean exit (its exit status was gone before the watcher could read it)"
         else:
             how = outside.describe_status(status)
-            if os.WIFEXITED(status):
+            if os.WIFEXITED(status) and self.exit_on_stall and self.reports and os.WEXITSTATUS(status) == 1:
+                how += ", ended by --exit-on-stall after the stall report"
+            elif os.WIFEXITED(status):
                 how += " without a clean exit (os._exit, or exit() called from C)"
         self.sink.event(
             "died",
