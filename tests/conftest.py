@@ -13,7 +13,7 @@ import pytest
 
 from cbuild import compile_extension, compile_shared
 
-__all__ = ["compile_extension", "compile_library", "compile_shared"]
+__all__ = ["compile_extension", "compile_shared"]
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures"
@@ -112,7 +112,3 @@ def traced(*args: str) -> list[str]:
     """The command line of `python -m importwatch ARGS`."""
     return [sys.executable, "-m", "importwatch", *args]
 
-
-def compile_library(source: Path, target: Path, extra: list[str] = ()) -> Path:
-    """A plain shared library at TARGET (cbuild.compile_shared with only extra flags)."""
-    return compile_shared(source, target, extra=extra)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FIXTURES, clean_env, compile_extension, compile_library, importwatch, traced
+from conftest import FIXTURES, clean_env, compile_extension, compile_shared, importwatch, traced
 from importwatch import outside
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
@@ -26,7 +26,7 @@ OUTSIDE = FIXTURES / "outside"
 def exts(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("outside")
     compile_extension(OUTSIDE / "init_ext.c", out, "initext")
-    compile_library(OUTSIDE / "ctor_lib.c", out / "libctor.so")
+    compile_shared(OUTSIDE / "ctor_lib.c", out / "libctor.so")
     return out
 
 

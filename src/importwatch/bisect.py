@@ -12,7 +12,9 @@ import threading
 import time
 
 from importwatch import config
+from importwatch.runner import is_zip
 from importwatch.trials import ERROR, OK, STOPPED, Outcome, Trials
+from importwatch.usage import EXIT_USAGE, UsageError, fail, target_at
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -20,7 +22,7 @@ if TYPE_CHECKING:
 
 EXIT_NO_HANG = 0
 EXIT_FOUND = 1
-EXIT_USAGE = 2
+
 
 DEFAULT_JOBS = 1
 DEFAULT_MAX_TRIES = 64
@@ -47,10 +49,6 @@ options:
 Exit status: 0 no hang, 1 a hang or crash was found, 2 bad usage.
 Everything after SCRIPT, -m MODULE or -c CODE belongs to the program.
 """
-
-
-class UsageError(Exception):
-    """Bad command line: one line on stderr, exit 2."""
 
 
 class Options:
@@ -96,30 +94,18 @@ def parse(args: list[str], environ: dict[str, str] | None = None) -> Options | N
                 options.max_tries = _count(value, name)
         elif arg == "--json":
             options.json = True
-        elif arg in ("-m", "-c"):
-            if index + 1 >= len(args):
-                raise UsageError(f"argument expected for the {arg} option")
-            options.kind = "module" if arg == "-m" else "code"
-            options.target = args[index:]
-            return options
-        elif arg == "--":
-            index += 1
-            break
-        elif arg.startswith("-") and arg != "-":
-            raise UsageError(f"unknown option {arg!r}")
         else:
             break
         index += 1
-    if index >= len(args):
-        raise UsageError("no program given: importwatch bisect [OPTIONS] SCRIPT|-m MODULE|-c CODE")
-    script = args[index]
-    if script == "-":
-        raise UsageError("reading the program from stdin is not supported; give a file")
-    if not os.path.exists(script):
-        raise UsageError(f"can't open file {os.path.abspath(script)!r}: no such file")
-    options.kind = "script"
+    target = target_at(args, index, "importwatch bisect")
+    options.kind = target.kind
+    if target.kind != "script":
+        options.target = target.describe()
+        return options
+    if not os.path.exists(target.value):
+        raise UsageError(f"can't open file {os.path.abspath(target.value)!r}: no such file")
     # `--` keeps a script named like an option from being read as one; the runner needs it too.
-    options.target = ["--", *args[index:]] if script.startswith("-") else args[index:]
+    options.target = ["--", *target.describe()] if target.value.startswith("-") else target.describe()
     return options
 
 
@@ -148,8 +134,7 @@ def main(args: list[str]) -> int:
     try:
         options = parse(args)
     except UsageError as error:
-        sys.stderr.write(f"importwatch: error: {error}\n")
-        return EXIT_USAGE
+        return fail(error)
     if options is None:
         return EXIT_NO_HANG
     workdir = tempfile.mkdtemp(prefix="importwatch-bisect-")
@@ -198,7 +183,7 @@ class Bisection:
         env = dict(self.trials.env)
         if self.options.kind == "script":
             path = self._script_path()
-            is_dir_or_zip = os.path.isdir(path) or _is_zip(path)
+            is_dir_or_zip = os.path.isdir(path) or is_zip(path)
             first = path if is_dir_or_zip else os.path.dirname(os.path.realpath(path))
             old = env.get("PYTHONPATH")
             env["PYTHONPATH"] = first + (os.pathsep + old if old else "")
@@ -496,11 +481,3 @@ def _top(name: str) -> str:
 
 def _unique(names) -> list[str]:
     return list(dict.fromkeys(names))
-
-
-def _is_zip(path: str) -> bool:
-    try:
-        with open(path, "rb") as file:
-            return file.read(4) == b"PK\x03\x04"
-    except OSError:
-        return False

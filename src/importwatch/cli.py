@@ -6,6 +6,7 @@ import os
 import sys
 
 from importwatch import __version__, config
+from importwatch.usage import UsageError, fail, target_at
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -13,7 +14,7 @@ if TYPE_CHECKING:
 
 EXIT_OK = 0
 EXIT_PROBLEM = 1
-EXIT_USAGE = 2
+
 
 SUBCOMMANDS = ("doctor", "bisect", "report")
 
@@ -47,10 +48,6 @@ Everything after SCRIPT, -m MODULE or -c CODE belongs to the program.
 """
 
 
-class UsageError(Exception):
-    """Bad command line: one line on stderr, exit 2."""
-
-
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if args and args[0] in SUBCOMMANDS:
@@ -58,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         options, target = parse(args)
     except UsageError as error:
-        return _usage_error(str(error))
+        return fail(str(error))
     if options is None:
         return EXIT_OK
     return _run(options, target)
@@ -66,8 +63,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def parse(args: list[str]) -> tuple[dict | None, Target | None]:
     """Options up to the target; the target and everything after it untouched."""
-    from importwatch.runner import Target
-
     options: dict = {}
     index = 0
     while index < len(args):
@@ -95,24 +90,10 @@ def parse(args: list[str]) -> tuple[dict | None, Target | None]:
             options["exit_on_stall"] = True
         elif arg in ("--watcher", "--no-watcher"):
             options["watcher"] = arg == "--watcher"
-        elif arg in ("-m", "-c"):
-            if index + 1 >= len(args):
-                raise UsageError(f"argument expected for the {arg} option")
-            kind = "module" if arg == "-m" else "code"
-            return options, Target(kind, args[index + 1], args[index + 2 :])
-        elif arg == "--":
-            index += 1
-            break
-        elif arg.startswith("-") and arg != "-":
-            raise UsageError(f"unknown option {arg!r}")
         else:
-            break
+            return options, target_at(args, index, "importwatch")
         index += 1
-    if index >= len(args):
-        raise UsageError("no program given: importwatch [OPTIONS] SCRIPT|-m MODULE|-c CODE")
-    if args[index] == "-":
-        raise UsageError("reading the program from stdin is not supported; give a file")
-    return options, Target("script", args[index], args[index + 1 :])
+    return options, target_at(args, index, "importwatch")
 
 
 def _checked(parser, value: str, source: str):
@@ -128,7 +109,7 @@ def _run(options: dict, target: Target) -> int:
     try:
         code, path = runner.prepare(target)
     except runner.CannotRun as error:
-        return _usage_error(str(error))
+        return fail(str(error))
     except SyntaxError as error:
         # python reports a broken script without a traceback, and exits 1; so do we.
         error.__traceback__ = None
@@ -154,9 +135,3 @@ def _subcommand(name: str, args: list[str]) -> int:
 
     module = importlib.import_module(f"importwatch.{name}")
     return module.main(args)
-
-
-def _usage_error(message: str) -> int:
-    sys.stderr.write(f"importwatch: error: {message}\n")
-    sys.stderr.flush()
-    return EXIT_USAGE

@@ -20,6 +20,7 @@ import time
 
 from importwatch import __version__, banner, cuda, scan
 from importwatch.events import parse_line
+from importwatch.usage import UsageError, argument_parser, fail
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
 
 EXIT_OK = 0
 EXIT_PROBLEM = 1
-EXIT_USAGE = 2
+
 
 DEFAULT_TIMEOUT = 30.0
 # After the stall threshold the traced child reports and exits by itself; this is how long it
@@ -46,17 +47,8 @@ HELP_TIMEOUT = (
 )
 
 
-class UsageError(Exception):
-    """Bad command line: one line on stderr, exit 2."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise UsageError(message)
-
-
-def _parser() -> _Parser:
-    parser = _Parser(
+def _parser() -> argparse.ArgumentParser:
+    parser = argument_parser(
         prog="importwatch doctor",
         description=(
             "Check this environment before a job: Python, torch, CUDA runtimes and driver, the native "
@@ -736,9 +728,7 @@ def main(args: list[str]) -> int:
         timeout = _timeout(options.timeout)
         imports = [_module_name(name) for name in options.imports] if options.imports is not None else None
     except UsageError as error:
-        sys.stderr.write(f"importwatch: error: {error}\n")
-        sys.stderr.flush()
-        return EXIT_USAGE
+        return fail(error)
     except SystemExit as exit:  # --help
         return int(exit.code or 0)
     report = diagnose(imports, timeout, options.packages, options.cuda)

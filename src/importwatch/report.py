@@ -9,9 +9,9 @@ import sys
 
 from importwatch.events import IMPORT, NATIVE
 from importwatch.timeline import LogError, Node, Process, Thread, import_children, load, place
+from importwatch.usage import UsageError, argument_parser, fail
 
 EXIT_OK = 0
-EXIT_USAGE = 2
 
 FORMATS = ("summary", "tree", "importtime", "chrome")
 TOP = 10
@@ -33,19 +33,8 @@ formats:
 """
 
 
-class _UsageError(Exception):
-    pass
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse, but a bad command line is one line and exit 2, never usage text and a traceback."""
-
-    def error(self, message: str):  # type: ignore[override]
-        raise _UsageError(message)
-
-
-def _parser() -> _Parser:
-    parser = _Parser(
+def _parser() -> argparse.ArgumentParser:
+    parser = argument_parser(
         prog="importwatch report",
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -76,22 +65,22 @@ def main(args: list[str]) -> int:
     """The `report` subcommand; returns the exit status."""
     try:
         options = _parser().parse_args(args)
-    except _UsageError as error:
-        return _error(str(error))
+    except UsageError as error:
+        return fail(str(error))
     except SystemExit as leaving:  # --help
         return leaving.code if isinstance(leaving.code, int) else EXIT_OK
     if options.format not in FORMATS:
-        return _error(f"unknown --format {options.format!r}; choose one of {', '.join(FORMATS)}")
+        return fail(f"unknown --format {options.format!r}; choose one of {', '.join(FORMATS)}")
     if options.min_ms < 0:
-        return _error("--min-ms must be 0 or more")
+        return fail("--min-ms must be 0 or more")
     try:
         processes = load(options.log)
     except LogError as error:
-        return _error(str(error))
+        return fail(str(error))
     if options.pid is not None:
         processes = [process for process in processes if process.pid == options.pid]
         if not processes:
-            return _error(f"{options.log} has no line from pid {options.pid}")
+            return fail(f"{options.log} has no line from pid {options.pid}")
     text = render(processes, options.format, options.min_ms, options.log)
     if options.output is None:
         sys.stdout.write(text)
@@ -101,7 +90,7 @@ def main(args: list[str]) -> int:
         with open(options.output, "w", encoding="utf-8") as file:
             file.write(text)
     except OSError as error:
-        return _error(f"cannot write {options.output}: {error.strerror or error}")
+        return fail(f"cannot write {options.output}: {error.strerror or error}")
     return EXIT_OK
 
 
@@ -380,9 +369,3 @@ def _process_label(process: Process) -> str:
 
 def _note(message: str) -> None:
     sys.stderr.write(f"importwatch: note: {message}\n")
-
-
-def _error(message: str) -> int:
-    sys.stderr.write(f"importwatch: error: {message}\n")
-    sys.stderr.flush()
-    return EXIT_USAGE

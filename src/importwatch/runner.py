@@ -48,7 +48,7 @@ def prepare(target: Target) -> tuple[types.CodeType | None, str | None]:
         return None, None
     # Like python's own __file__: made absolute by joining the cwd, not normalised.
     path = target.value if os.path.isabs(target.value) else os.path.join(os.getcwd(), target.value)
-    if os.path.isdir(path) or _is_zip(path):
+    if os.path.isdir(path) or is_zip(path):
         import runpy  # noqa: F401
 
         return None, path
@@ -64,7 +64,8 @@ def prepare(target: Target) -> tuple[types.CodeType | None, str | None]:
     return compile(source, path, "exec", dont_inherit=True), path
 
 
-def _is_zip(path: str) -> bool:
+def is_zip(path: str) -> bool:
+    """A zip file, which python runs through its __main__.py as it does a directory."""
     try:
         with open(path, "rb") as file:
             return file.read(4) == b"PK\x03\x04"
@@ -81,7 +82,7 @@ def _path0(target: Target, path: str | None) -> str | None:
     if target.kind == "code":
         return ""
     assert path is not None
-    if os.path.isdir(path) or _is_zip(path):
+    if os.path.isdir(path) or is_zip(path):
         return path
     return os.path.dirname(os.path.realpath(path))
 

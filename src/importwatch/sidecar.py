@@ -469,12 +469,15 @@ class Watcher:
             lines.append(("outside", f"mapped since dlopen {load.name} began: {names}", {"mapped": new}))
         code = outside.CodeRanges(pid)
         on_stack = outside.libraries_on_stack(pid, culprit, code)
-        candidates = new or [load.name]
+        # The file in dlopen counts too: the watcher may read the maps only after dlopen mapped it.
+        candidates = {*new, os.path.realpath(load.name), load.name}
         initialising = next((path for path in on_stack if path in candidates), None)
         how = "innermost new library on its stack"
         if initialising is None and new:
             # No stack to read: mmap hands out addresses top down, so the lowest is the last mapped.
             initialising, how = new[0], "mapped last"
+        if initialising is None:
+            initialising, how = os.path.realpath(load.name), "the file in dlopen, or one it needs"
         if initialising is not None:
             lines.append(
                 (
