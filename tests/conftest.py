@@ -111,4 +111,3 @@ def start(tmp_path: Path):
 def traced(*args: str) -> list[str]:
     """The command line of `python -m importwatch ARGS`."""
     return [sys.executable, "-m", "importwatch", *args]
-

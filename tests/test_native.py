@@ -128,3 +128,20 @@ def test_real_torch_lists_its_native_loads_and_what_torch_c_pulled_in(tmp_path: 
     c_end = next(line for line in lines if "< dlopen " in line and "/torch/_C." in line)
     assert "libtorch_cpu.so" in c_end and "libc10.so" in c_end and "libtorch_python.so" in c_end
     assert sum(1 for line in lines if "> dlopen " in line) >= 20
+
+
+def test_hang_in_a_dependency_names_the_extension_and_what_it_mapped(
+    kernels: Path, tmp_path: Path, start
+) -> None:
+    from conftest import traced
+
+    blocking = compile_shared(FIXTURES / "hang" / "blocking_lib.c", tmp_path / "deps" / "libblocking.so")
+    runtime = kernels / "cuda-11.0" / "libcudart.so.11.0"
+    compile_extension(CUDA / "kernels.c", tmp_path / "site", "depkern._kernels", libs=[runtime, blocking])
+    proc = start(traced("--timeout", "1", "-c", "import depkern._kernels"), PYTHONPATH=str(tmp_path / "site"))
+    proc.wait_for("outside: mapped since dlopen", timeout=20)
+    report = proc.stderr
+    so = next((tmp_path / "site" / "depkern").glob("_kernels*.so"))
+    assert f"> dlopen {so} (depkern._kernels) needs libcudart.so.11.0" in report
+    mapped = next(line for line in report.splitlines() if "outside: mapped since dlopen" in line)
+    assert str(so) in mapped and "libblocking.so" in mapped.split(": ", 2)[-1]

@@ -170,6 +170,10 @@ class NativeLoads:
         if cause:
             self.sink.event("verdict", f"! {cause}", {"path": path, "verdict": cause})
 
+    def mapped_now(self) -> list[str]:
+        """The shared objects mapped in this process, as of the last look (taken now if none was)."""
+        return list(self._mapped().paths)
+
     def _mapped(self) -> MappedObjects:
         if self._objects is None:
             self._objects = MappedObjects()

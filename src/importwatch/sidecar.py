@@ -31,6 +31,8 @@ if TYPE_CHECKING:
 # report and faulthandler's dump (armed 0.3 s after it) instead of interleaving with them.
 REPORT_DELAY = 0.5
 SAMPLE_INTERVAL = 0.25
+# With --exit-on-stall, how long the watcher lets the program end itself before killing it.
+EXIT_GRACE = 1.5
 # Reports repeat while a stall lasts, each interval twice the one before (as the watchdog's).
 _GROWTH = 2.0
 _THREAD_LINES = 12  # threads listed one per line; the rest are counted
@@ -167,6 +169,7 @@ class Watcher:
         self.samples: list[tuple[float, dict[int, ThreadSample]]] = []
         self.mapped = MappedObjects(pid)
         self.mapped_before: dict[str, None] = dict(self.mapped.paths)
+        self.told_mapped = False  # the program sent its own list of what was mapped at its start
         self._buffer = b""
         self._pidfd: int | None = None
 
@@ -261,6 +264,11 @@ class Watcher:
                 self.tids[name] = int(tid)
         elif word == "lost" and rest.isdigit():
             self.lost += int(rest)
+        elif word == "mapped" and rest:
+            if not self.told_mapped:  # the program's own list replaces our first look
+                self.told_mapped = True
+                self.mapped_before = {}
+            self.mapped_before[rest] = None
 
     def apply(self, event: Event, now: float) -> None:
         """One event: starts and ends move the per-thread stacks; both count as progress."""
@@ -272,7 +280,7 @@ class Watcher:
             if kind in _STARTS:
                 stack.append(Step(kind, event.name, now, event.depth))
             elif kind == "native_end":
-                self._after_native_end()
+                self._after_native_end(event)
             self._progress(now)
         elif kind == "checkpoint":
             self._progress(now)
@@ -289,11 +297,14 @@ class Watcher:
         self.progress = now
         self.samples.clear()
 
-    def _after_native_end(self) -> None:
+    def _after_native_end(self, event: Event) -> None:
         # The baseline for "mapped since the load in flight began": what was mapped when the
-        # previous load ended. Read now, before the next load can map anything.
-        self.mapped.rescan()
-        self.mapped_before = dict(self.mapped.paths)
+        # watcher started, plus what every load since has said it mapped. Told by the program
+        # itself, it cannot race the next dlopen the way a fresh read of the maps would.
+        self.mapped_before[os.path.realpath(event.name)] = None
+        _, found, listing = event.text.partition(" new: ")
+        if found and "; mapped " in event.text:
+            self.mapped_before.update(dict.fromkeys(listing.split(", ")))
 
     def _in_flight(self) -> dict[str, list[Step]]:
         return {name: stack for name, stack in self.stacks.items() if stack}
@@ -318,6 +329,8 @@ class Watcher:
 
     def report(self, now: float) -> None:
         """The outside report of a stall; see the class docstring."""
+        import time
+
         from importwatch import outside
 
         self.reports += 1
@@ -334,9 +347,16 @@ class Watcher:
             for line in stack_lines:
                 self.sink.event("outside", f"outside:   {line}", {})
         if self.exit_on_stall and verdict in (outside.WAITING, outside.STOPPED):
-            stat = outside.process_stat(self.pid)
-            if stat is None or stat.state in "ZX":
-                return  # it ended already: faulthandler's --exit-on-stall came first
+            # The program's own watchdog ends it with status 1 when it can act (within a second
+            # of the threshold); the watcher steps in only when it cannot, as in a stopped process.
+            deadline = time.monotonic() + EXIT_GRACE
+            while True:
+                stat = outside.process_stat(self.pid)
+                if stat is None or stat.state in "ZX":
+                    return  # it ended by itself
+                if time.monotonic() >= deadline:
+                    break
+                time.sleep(0.05)
             self.sink.event(
                 "exit", f"outside: --exit-on-stall: the program is {verdict}, not busy: killing it", {}
             )

@@ -103,6 +103,10 @@ class Tracing:
         if why is not None:
             self.sink.warn(f"no watcher process: {why}")
             return
+        # What is mapped now, told through the feed: the watcher's own first look at the maps
+        # may come after the first dlopen has begun, and could not tell its libraries as new.
+        for path in self.native.mapped_now():
+            self.sink.feed_line(f"#mapped {path}")
         global _exit_hook
         if not _exit_hook:
             _exit_hook = True
