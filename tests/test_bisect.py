@@ -154,7 +154,8 @@ def test_innermost_python_module_that_hangs_alone_wins(tmp_path: Path, marker: s
     result = result_of(done)
     assert result["chain"] == ["slowpkg", "slowpkg.inner"]
     assert result["imports"] == ["slowpkg.inner"] and result["alone"] is True
-    assert "stall report" in result["detail"]
+    # The child's heartbeat reports; on a loaded machine faulthandler's timer may beat it to it.
+    assert "stall report" in result["detail"] or "faulthandler" in result["detail"]
     assert result["native"] is None and result["pythonpath"] is None
     assert result["tries"] == 2
 

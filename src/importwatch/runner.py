@@ -37,13 +37,20 @@ class CannotRun(Exception):
 
 
 def prepare(target: Target) -> tuple[types.CodeType | None, str | None]:
-    """Check and compile a script before tracing starts; returns its code and absolute path.
+    """Check and compile a script or -c code before tracing starts; returns its code and absolute path.
 
     Directories and zip files with a __main__.py run as python runs them, through
     runpy, and have no code here.
     """
     if target.kind == "module":
         import runpy
+    if target.kind == "code":
+        if sys.version_info >= (3, 13):  # python -c keeps its source for tracebacks from 3.13 on
+            import linecache
+
+            lines = [line + "\n" for line in target.value.splitlines()]
+            linecache.cache["<string>"] = (len(target.value), None, lines, "<string>")
+        return compile(target.value, "<string>", "exec", dont_inherit=True), None
     if target.kind != "script":
         return None, None
     # Like python's own __file__: made absolute by joining the cwd, not normalised.
@@ -121,7 +128,6 @@ def _exec_main(main: types.ModuleType, target: Target, code: Any, path: str | No
     namespace["__package__"] = None
     if target.kind == "code":
         namespace["__loader__"] = _bootstrap.BuiltinImporter
-        code = compile(target.value, "<string>", "exec", dont_inherit=True)
     else:
         namespace["__file__"] = path
         namespace["__cached__"] = None
