@@ -83,6 +83,7 @@ class Tracing:
 
     def _start_watchdog(self) -> None:
         if self.settings.timeout > 0:
+            _stop_watchdog_at_exit()
             self.watchdog = Watchdog(self.tracer, self.settings.timeout, self.settings.exit_on_stall)
             self.watchdog.start()
 
@@ -258,3 +259,22 @@ def _only_our_threads() -> bool:
         return int(fields[17]) <= 2  # num_threads: ours and the caller
     except (OSError, IndexError, ValueError):
         return False
+
+
+_exit_registered = False
+
+
+def _stop_watchdog_at_exit() -> None:
+    """Stop the heartbeat before the interpreter tears down: a daemon thread re-arming
+    faulthandler after its module was unloaded can crash the exit (seen on 3.9)."""
+    global _exit_registered
+    if not _exit_registered:
+        _exit_registered = True
+        import atexit
+
+        atexit.register(_stop_watchdog)
+
+
+def _stop_watchdog() -> None:
+    if _active is not None and _active.watchdog is not None:
+        _active.watchdog.stop()

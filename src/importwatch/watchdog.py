@@ -51,6 +51,7 @@ class Watchdog:
         self.interval = min(0.25, timeout / 4)
         self._running = False
         self._generation = 0
+        self._lock = _thread.RLock()  # arming and stopping, from the heartbeat, the program and atexit
         self._armed_for: float | None = None  # the deadline faulthandler is armed for
         self._stalled: dict[int, tuple[Frame, float, int]] = {}  # ident: frame, since, reports
 
@@ -66,9 +67,10 @@ class Watchdog:
         _thread.start_new_thread(self._heartbeat, (self._generation,))
 
     def stop(self) -> None:
-        self._running = False
-        self._generation += 1
-        self._disarm()
+        with self._lock:
+            self._running = False
+            self._generation += 1
+            self._disarm()
         if self.tracer.on_progress == self._on_progress:
             self.tracer.on_progress = None
             self.tracer.on_gil_held = self.tracer.on_gil_released = None
@@ -78,6 +80,8 @@ class Watchdog:
         self._disarm()
 
     def after_fork(self, in_child: bool) -> None:
+        if in_child:
+            self._lock = _thread.RLock()  # the heartbeat may have held it at the fork
         if in_child and self._running:
             self._stalled.clear()
             self._running = False
@@ -88,6 +92,8 @@ class Watchdog:
         self.sink.name_thread("importwatch-heartbeat")  # so the watcher can tell it apart
         while self._running and generation == self._generation:
             time.sleep(self.interval)
+            if not self._running:
+                break  # stopped while asleep: the interpreter may be finalising
             try:
                 self.check(time.monotonic())
             except Exception as error:  # never let the watchdog die silently
@@ -248,8 +254,14 @@ class Watchdog:
 
     # -- faulthandler's timer -------------------------------------------------------------
     def _arm(self, deadline: float, now: float) -> None:
-        if self._armed_for is not None and abs(self._armed_for - deadline) < 0.05:
-            return
+        with self._lock:  # never re-armed after stop(): faulthandler is unloaded at exit
+            if not self._running:
+                return
+            if self._armed_for is not None and abs(self._armed_for - deadline) < 0.05:
+                return
+            self._arm_now(deadline, now)
+
+    def _arm_now(self, deadline: float, now: float) -> None:
         try:
             faulthandler.dump_traceback_later(
                 max(deadline - now, 0.01),
@@ -263,6 +275,7 @@ class Watchdog:
         self._armed_for = deadline
 
     def _disarm(self) -> None:
-        if self._armed_for is not None:
-            faulthandler.cancel_dump_traceback_later()
-            self._armed_for = None
+        with self._lock:
+            if self._armed_for is not None:
+                faulthandler.cancel_dump_traceback_later()
+                self._armed_for = None
