@@ -61,6 +61,8 @@ def compare(code: str, pairs: int, env: dict[str, str], workdir: Path) -> tuple[
         traced.append(run_once(code, traced_env, workdir / "traced.err"))
         (workdir / "trace.log").unlink(missing_ok=True)
     ratios = [t / p for t, p in zip(traced, plain)]
+    # The fastest runs are the least disturbed by a shared machine; reported beside the medians.
+    print(f"  (fastest runs: plain {min(plain) * 1000:.1f} ms, traced {min(traced) * 1000:.1f} ms)")
     return statistics.median(plain), statistics.median(traced), statistics.median(ratios)
 
 
