@@ -52,6 +52,7 @@ class Watchdog:
         self._running = False
         self._generation = 0
         self._lock = _thread.RLock()  # arming and stopping, from the heartbeat, the program and atexit
+        self._guarding = False  # the timer is armed by _guard, for the dlopen in flight
         self._armed_for: float | None = None  # the deadline faulthandler is armed for
         self._stalled: dict[int, tuple[Frame, float, int]] = {}  # ident: frame, since, reports
 
@@ -235,11 +236,13 @@ class Watchdog:
         deadline = frame.start + self.timeout + _GRACE
         if self._armed_for is None or self._armed_for > deadline:
             self._arm(deadline, frame.start)
+            self._guarding = True
 
     def _unguard(self, frame: Frame) -> None:
         """After a dlopen: say so if faulthandler reported it; else disarm, lest the timer fire later
         during a long C call outside any import."""
         if self._armed_for is None:
+            self._guarding = False
             return
         now = time.monotonic()
         if now >= self._armed_for:
@@ -249,8 +252,9 @@ class Watchdog:
                 f"RESUMED after {now - frame.start:.1f} s: {frame.name} ended (stacks dumped above)",
                 {"name": frame.name, "seconds": now - frame.start},
             )
-        elif not self._stalled:
-            self._disarm()
+        elif self._guarding and not self._stalled:
+            self._disarm()  # ours; a deadline the heartbeat set stays for it to move
+        self._guarding = False
 
     # -- faulthandler's timer -------------------------------------------------------------
     def _arm(self, deadline: float, now: float) -> None:
