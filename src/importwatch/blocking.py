@@ -103,7 +103,7 @@ class BlockingSteps:
     ) -> Any:
         """FUNCTION(*ARGS, **KWARGS) as the step NAME: start line and problems first, then the end line."""
         tracer = self.tracer
-        frame, depth = tracer.push(f"step {name}", "step", detail)
+        frame, depth = tracer.push(f"step {name}", "step")
         frame.context = context
         indent = "  " * depth
         self.sink.event("step", f"{indent}> step {name} {detail}", {"name": name, "detail": detail})

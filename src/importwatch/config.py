@@ -84,27 +84,20 @@ def from_env(
     reports the warning once.
     """
     warnings: list[str] = []
-    timeout = DEFAULT_TIMEOUT
-    raw = environ.get(ENV_TIMEOUT)
-    if raw is not None and raw != "":
+
+    def read(name: str, parse, default, fallback: str):
+        raw = environ.get(name)
+        if raw is None or raw == "":
+            return default
         try:
-            timeout = parse_timeout(raw, ENV_TIMEOUT)
+            return parse(raw, name)
         except ConfigError as error:
-            warnings.append(f"{error}; using {DEFAULT_TIMEOUT:g}")
-    exit_on_stall = False
-    raw = environ.get(ENV_EXIT_ON_STALL)
-    if raw is not None:
-        try:
-            exit_on_stall = parse_flag(raw, ENV_EXIT_ON_STALL)
-        except ConfigError as error:
-            warnings.append(f"{error}; using 0")
-    watcher = None
-    raw = environ.get(ENV_WATCHER)
-    if raw is not None and raw != "":
-        try:
-            watcher = parse_flag(raw, ENV_WATCHER)
-        except ConfigError as error:
-            warnings.append(f"{error}; using the default")
+            warnings.append(f"{error}; using {fallback}")
+            return default
+
+    timeout = read(ENV_TIMEOUT, parse_timeout, DEFAULT_TIMEOUT, f"{DEFAULT_TIMEOUT:g}")
+    exit_on_stall = read(ENV_EXIT_ON_STALL, parse_flag, False, "0")
+    watcher = read(ENV_WATCHER, parse_flag, None, "the default")
     log = environ.get(ENV_LOG) or None
     return Settings(timeout=timeout, log=log, exit_on_stall=exit_on_stall, watcher=watcher), warnings
 

@@ -41,7 +41,7 @@ IMPORTLIB_FILENAME = _bootstrap._find_and_load.__code__.co_filename
 class Frame:
     """One import, native load or phase in flight on one thread."""
 
-    __slots__ = ("context", "detail", "kind", "name", "phase", "progress", "start", "timeout")
+    __slots__ = ("context", "kind", "name", "phase", "progress", "start", "timeout")
 
     def __init__(self, name: str, start: float, kind: str = "import") -> None:
         self.name = name
@@ -49,7 +49,6 @@ class Frame:
         self.start = start
         self.progress = start  # last sign of life: the start, or the end of a nested step
         self.phase = WAITING if kind == "import" else kind
-        self.detail = ""  # a native load's file
         # A phase's or step's own stall threshold, counted from its start (None: the watchdog's,
         # counted from the last progress), and what a stall report should add about it.
         self.timeout: float | None = None
@@ -117,7 +116,6 @@ class Tracer:
         self.sink = sink
         self.stacks: dict[int, list[Frame]] = {}
         self.native_ids: dict[int, int] = {}  # thread ident: kernel thread id
-        self.progress = time.monotonic()  # when the last event happened
         self.on_start: dict[str, Callable[[str], None]] = {}
         self.on_end: dict[str, Callable[[Any], None]] = {}
         self.on_progress: Callable[[float], None] | None = None
@@ -175,7 +173,6 @@ class Tracer:
                 tracer.safely(hook, name)
             frame = Frame(name, clock())
             stack.append(frame)
-            tracer.progress = frame.start
             sink.event("import", f"{indent}> {name}", {"name": name, "parent": parent})
             try:
                 module = original(name, import_)
@@ -186,7 +183,6 @@ class Tracer:
                     stack[-1].progress = now
                 else:
                     del stacks[ident]
-                tracer.progress = now
                 ms = (now - frame.start) * 1000.0
                 message = f"{type(error).__name__}: {error}"
                 sink.event(
@@ -203,7 +199,6 @@ class Tracer:
                 stack[-1].progress = now
             else:
                 del stacks[ident]
-            tracer.progress = now
             ms = (now - frame.start) * 1000.0
             sink.event(
                 "import_end", f"{indent}< {name} {ms:.3f} ms", {"name": name, "parent": parent, "ms": ms}
@@ -218,7 +213,7 @@ class Tracer:
         return _find_and_load
 
     # -- steps other than imports ------------------------------------------------
-    def push(self, name: str, kind: str, detail: str = "") -> tuple[Frame, int]:
+    def push(self, name: str, kind: str) -> tuple[Frame, int]:
         """Put a native load or a phase in flight on this thread; returns it and its depth."""
         ident = _thread.get_ident()
         stack = self.stacks.get(ident)
@@ -226,9 +221,7 @@ class Tracer:
             stack = self.stacks[ident] = []
             self.native_ids[ident] = _thread.get_native_id()
         frame = Frame(name, time.monotonic(), kind)
-        frame.detail = detail
         stack.append(frame)
-        self.progress = frame.start
         if kind == "native" and self.on_gil_held is not None:
             self.on_gil_held(frame)
         return frame, len(stack) - 1
@@ -248,7 +241,6 @@ class Tracer:
             stack.remove(frame)
         if frame.kind == "native" and self.on_gil_released is not None:
             self.on_gil_released(frame)
-        self.progress = now
         if self.on_progress is not None:
             self.on_progress(now)
         return now

@@ -105,7 +105,7 @@ class NativeLoads:
         file, the CUDA libraries it links, and any verdict about them.
         """
         tracer = self.tracer
-        frame, depth = tracer.push(f"dlopen {path}", "native", path)
+        frame, depth = tracer.push(f"dlopen {path}", "native")
         indent = "  " * depth
         fields: dict[str, Any] = {"path": path, "owner": owner}
         rescan = self._announce(frame, indent, fields)

@@ -38,7 +38,6 @@ def checkpoint(name: str) -> None:
     now = time.monotonic()
     if stack:
         stack[-1].progress = now  # a phase timed from its last progress starts again from here
-    tracer.progress = now
     indent = "  " * len(stack) if stack else ""
     tracer.sink.event("checkpoint", f"{indent}checkpoint {name}", {"name": name})
 

@@ -83,7 +83,6 @@ class Tracing:
 
     def _start_watchdog(self) -> None:
         if self.settings.timeout > 0:
-            _stop_watchdog_at_exit()
             self.watchdog = Watchdog(self.tracer, self.settings.timeout, self.settings.exit_on_stall)
             self.watchdog.start()
 
@@ -108,12 +107,6 @@ class Tracing:
         # may come after the first dlopen has begun, and could not tell its libraries as new.
         for path in self.native.mapped_now():
             self.sink.feed_line(f"#mapped {path}")
-        global _exit_hook
-        if not _exit_hook:
-            _exit_hook = True
-            import atexit
-
-            atexit.register(_say_exit)
 
     def _start_faulthandler(self) -> None:
         """Fatal signals and SIGUSR1 dump every thread's stack where our lines go."""
@@ -151,14 +144,21 @@ class Tracing:
 
 
 _active: Tracing | None = None
-_fork_hooks = False
-_exit_hook = False
+_process_hooks = False
 
 
-def _say_exit() -> None:
-    """At a normal interpreter exit: tell the watcher, so it can tell a clean exit from a death."""
-    if _active is not None:
-        _active.sink.feed_line("#exit")
+def _at_exit() -> None:
+    """At a normal interpreter exit, after the program's own exit handlers (ours came first).
+
+    The watcher is told, so it can tell a clean exit from a death; and the heartbeat stops
+    before the interpreter tears down, since a daemon thread re-arming faulthandler after
+    its module was unloaded can crash the exit (seen on 3.9).
+    """
+    if _active is None:
+        return
+    _active.sink.feed_line("#exit")
+    if _active.watchdog is not None:
+        _active.watchdog.stop()
 
 
 def active() -> Tracing | None:
@@ -183,7 +183,7 @@ def activate(
         return _active
     tracing = Tracing(settings, stderr_fd)
     _active = tracing
-    _register_fork_hooks()
+    _register_process_hooks()
     if argv is None:
         argv = list(getattr(sys, "orig_argv", None) or sys.argv or [])
     tracing.start(argv, warnings or [])
@@ -212,11 +212,15 @@ def deactivate() -> None:
         _active = None
 
 
-def _register_fork_hooks() -> None:
-    global _fork_hooks
-    if _fork_hooks:
+def _register_process_hooks() -> None:
+    """Fork and exit hooks, once per process: neither can be taken back."""
+    global _process_hooks
+    if _process_hooks:
         return
-    _fork_hooks = True
+    _process_hooks = True
+    import atexit
+
+    atexit.register(_at_exit)
     os.register_at_fork(
         before=_before_fork,
         after_in_parent=lambda: _after_fork(False),
@@ -259,22 +263,3 @@ def _only_our_threads() -> bool:
         return int(fields[17]) <= 2  # num_threads: ours and the caller
     except (OSError, IndexError, ValueError):
         return False
-
-
-_exit_registered = False
-
-
-def _stop_watchdog_at_exit() -> None:
-    """Stop the heartbeat before the interpreter tears down: a daemon thread re-arming
-    faulthandler after its module was unloaded can crash the exit (seen on 3.9)."""
-    global _exit_registered
-    if not _exit_registered:
-        _exit_registered = True
-        import atexit
-
-        atexit.register(_stop_watchdog)
-
-
-def _stop_watchdog() -> None:
-    if _active is not None and _active.watchdog is not None:
-        _active.watchdog.stop()
