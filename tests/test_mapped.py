@@ -24,7 +24,9 @@ def libs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     (out / "deps" / "libdep.so.1").symlink_to("libdep.so.1.2.3")
     top = compile_shared(CUDA / "top.c", out / "libtop.so", libs=[out / "deps" / "libdep.so.1"])
     lone = compile_shared(CUDA / "dep.c", out / "liblone.so")
-    return {"dep": dep, "top": top, "lone": lone}
+    other = compile_shared(CUDA / "dep.c", out / "libother.so")
+    (out / "liblink.so").symlink_to(other.name)  # loaded by this name, mapped under the other
+    return {"dep": dep, "top": top, "lone": lone, "link": out / "liblink.so"}
 
 
 INSIDE = """
@@ -43,6 +45,9 @@ ctypes.CDLL(sys.argv[2])  # all it needs is mapped already: no rescan, only a no
 report["skip"] = mapped.needs_rescan(["libc.so.6"])
 mapped.note(sys.argv[2])
 report["noted"] = mapped.rescan()
+ctypes.CDLL(sys.argv[3])  # a link: maps lists the file it points to, which note() must cover too
+mapped.note(sys.argv[3])
+report["linked"] = mapped.rescan()
 print(json.dumps(report))
 """
 
@@ -50,7 +55,7 @@ print(json.dumps(report))
 @pytest.mark.timeout(60)
 def test_a_ctypes_load_shows_the_library_and_its_dependency(libs: dict[str, Path]) -> None:
     done = subprocess.run(
-        [sys.executable, "-c", INSIDE, str(libs["top"]), str(libs["lone"])],
+        [sys.executable, "-c", INSIDE, str(libs["top"]), str(libs["lone"]), str(libs["link"])],
         capture_output=True,
         text=True,
         timeout=30,
@@ -60,7 +65,7 @@ def test_a_ctypes_load_shows_the_library_and_its_dependency(libs: dict[str, Path
     assert sorted(report["new"]) == sorted([str(libs["dep"]), str(libs["top"])])  # resolved paths
     assert report["after"] is False and report["again"] == []
     assert {"libdep.so.1", "libdep.so.1.2.3", "libtop.so", "libc.so.6"} <= set(report["names"])
-    assert report["skip"] is False and report["noted"] == []
+    assert report["skip"] is False and report["noted"] == [] and report["linked"] == []
     print(f"rescan after one load: {report['ms']:.3f} ms")
 
 

@@ -40,6 +40,7 @@ class MappedObjects:
     def __init__(self, pid: int | str = "self") -> None:
         self.maps = f"/proc/{pid}/maps"
         self.paths: dict[str, None] = {}  # in maps order, which is by address
+        self._noted: dict[str, None] = {}  # loaded since the last scan, as given to note()
         self._names: set[str] = set()
         self.error: OSError | None = None  # why the last scan could not read the maps, if it could not
         self.rescan()
@@ -98,15 +99,24 @@ class MappedObjects:
             new_names = new
         for path in new_names:
             self._names.update(soname_candidates(path.rsplit("/", 1)[-1]))
+        noted, self._noted = self._noted, {}
+        if noted:
+            new = [path for path in new if path not in noted]
+            # Maps names the file a link points to; only a noted path not found as given is resolved.
+            aliases = {os.path.realpath(path) for path in noted if path not in current}
+            new = [path for path in new if path not in aliases]
         return new
 
     def note(self, path: str) -> None:
-        """Record PATH, just loaded without a rescan, so a later rescan does not count it as new then."""
-        real = os.path.realpath(path)  # maps names the file a symlink points to
-        if real not in self.paths:
-            self.paths[real] = None
-            self._names.update(soname_candidates(os.path.basename(real)))
-            self._names.add(os.path.basename(path))
+        """Record PATH, just loaded without a rescan, so that the next rescan does not count it as new.
+
+        Its sonames are known from now on; resolving it is left to that rescan, and
+        only done if maps does not list it as given (os.path.realpath costs a system
+        call per directory, and most files are loaded by their real path).
+        """
+        if path not in self.paths:
+            self._noted[path] = None
+            self._names.update(soname_candidates(path.rsplit("/", 1)[-1]))
 
     def known_names(self) -> frozenset[str]:
         """Basenames of the mapped objects, and the sonames each basename may stand for."""

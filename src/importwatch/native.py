@@ -188,7 +188,8 @@ class NativeLoads:
                 return ""
             new = mapped.rescan()
             if new:
-                itself = os.path.realpath(path)
+                # Maps names the file itself by its real path; resolve only a path it does not list.
+                itself = path if path in mapped.paths else os.path.realpath(path)
                 new = [other for other in new if other != itself]
         except Exception as error:
             self.tracer.internal_error("listing mapped objects", error)

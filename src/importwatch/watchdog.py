@@ -52,7 +52,7 @@ class Watchdog:
         self._running = False
         self._generation = 0
         self._lock = _thread.RLock()  # arming and stopping, from the heartbeat, the program and atexit
-        self._guarding = False  # the timer is armed by _guard, for the dlopen in flight
+        self._guard_armed = False  # the deadline armed was set by _guard, for a dlopen
         self._armed_for: float | None = None  # the deadline faulthandler is armed for
         self._stalled: dict[int, tuple[Frame, float, int]] = {}  # ident: frame, since, reports
 
@@ -118,7 +118,9 @@ class Watchdog:
                 self.report(now, chains, ident)
                 return
             due = next_report if due is None else min(due, next_report)
-        if due is not None:
+        if due is None:
+            self._disarm()  # nothing in flight may be reported: no deadline, not even a guard's
+        else:
             self._arm(due + _GRACE, now)
 
     # -- reports ---------------------------------------------------------------------
@@ -232,29 +234,38 @@ class Watchdog:
             self.sink.event("resumed", "RESUMED: progress again after the stall dumped above", {})
 
     def _guard(self, frame: Frame) -> None:
-        """Before a dlopen: the heartbeat may not run again until it returns, so arm the C timer now."""
+        """Before a dlopen: the heartbeat may not run again until it returns, so the C timer must be armed.
+
+        Arming starts a thread in faulthandler and cancelling joins it, about 70 us
+        each: too dear for every one of the tens of dlopens an `import torch` makes in
+        a burst. So a deadline already armed is kept when it is due no later than this
+        load's own, and, if a guard armed it, no more than a heartbeat earlier: a stall
+        is then reported at most one heartbeat early, as the heartbeat itself would.
+        """
         deadline = frame.start + self.timeout + _GRACE
-        if self._armed_for is None or self._armed_for > deadline:
+        armed = self._armed_for
+        if armed is None or armed > deadline or (self._guard_armed and armed < deadline - self.interval):
             self._arm(deadline, frame.start)
-            self._guarding = True
+            self._guard_armed = True
 
     def _unguard(self, frame: Frame) -> None:
-        """After a dlopen: say so if faulthandler reported it; else disarm, lest the timer fire later
-        during a long C call outside any import."""
-        if self._armed_for is None:
-            self._guarding = False
+        """After a dlopen: say so if faulthandler reported it.
+
+        A timer still armed is left for the heartbeat's next look, which re-arms it
+        for what is in flight then or cancels it; cancelling here would cost each
+        load a thread join (see _guard).
+        """
+        armed = self._armed_for
+        if armed is None:
             return
         now = time.monotonic()
-        if now >= self._armed_for:
+        if now >= armed:
             self._armed_for = None  # it fired while the GIL was held
             self.sink.event(
                 "resumed",
                 f"RESUMED after {now - frame.start:.1f} s: {frame.name} ended (stacks dumped above)",
                 {"name": frame.name, "seconds": now - frame.start},
             )
-        elif self._guarding and not self._stalled:
-            self._disarm()  # ours; a deadline the heartbeat set stays for it to move
-        self._guarding = False
 
     # -- faulthandler's timer -------------------------------------------------------------
     def _arm(self, deadline: float, now: float) -> None:
@@ -264,6 +275,7 @@ class Watchdog:
             if self._armed_for is not None and abs(self._armed_for - deadline) < 0.05:
                 return
             self._arm_now(deadline, now)
+            self._guard_armed = False
 
     def _arm_now(self, deadline: float, now: float) -> None:
         try:
