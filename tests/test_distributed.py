@@ -73,17 +73,25 @@ def start(tmp_path: Path, source: str, log: str, env: dict[str, str], *options: 
 
 
 def read_events(path: Path) -> list:
-    if not path.exists():
-        return []
-    return [event for event in map(parse_line, path.read_text().splitlines()) if event is not None]
+    return events_of(path.read_text() if path.exists() else "")
+
+
+def events_of(text: str) -> list:
+    return [event for event in map(parse_line, text.splitlines()) if event is not None]
 
 
 def wait_for(path: Path, kind: str, seconds: float = 30) -> list:
-    """The log's events once one of KIND has been written."""
+    """The log's events once one of KIND has been written, with all that follows it.
+
+    A stall report's context lines come after its first line: the report is
+    whole once faulthandler's dump, its last part, has begun.
+    """
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        events = read_events(path)
-        if any(event.kind == kind for event in events):
+        text = path.read_text() if path.exists() else ""
+        events = events_of(text)
+        whole = kind != "stall" or "Stacks of all threads" in text
+        if whole and any(event.kind == kind for event in events):
             return events
         time.sleep(0.1)
     raise AssertionError(f"no {kind} event in {path} after {seconds} s:\n" + path.read_text()[-3000:])

@@ -133,6 +133,45 @@ def test_two_threads_importing_at_once_are_both_named(tmp_path: Path) -> None:
     assert " loader] > slow_b" in result.stderr  # lines of other threads carry the thread's name
 
 
+def test_waits_for_import_locks_name_the_lock(tmp_path: Path) -> None:
+    """A slow finder holds importlib's global lock; a slow loader holds its module's lock.
+
+    Each of two threads waits for the other's lock in turn: the report tells
+    finding from waiting, and which thread holds a module lock.
+    """
+    from conftest import clean_env, importwatch
+
+    code = (
+        "import importlib.machinery, sys, threading, time\n"
+        "class Slow:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'slow_find':\n"
+        "            time.sleep(2.2)\n"
+        "        if name == 'slow_create':\n"
+        "            return importlib.machinery.ModuleSpec(name, self)\n"
+        "    def create_module(self, spec):\n"
+        "        time.sleep(2.2)\n"
+        "    def exec_module(self, module):\n"
+        "        pass\n"
+        "sys.meta_path.insert(0, Slow())\n"
+        "def load(name):\n"
+        "    try:\n"
+        "        __import__(name)\n"
+        "    except ImportError:\n"
+        "        pass\n"
+        "for name in ('slow_find', 'slow_create'):\n"
+        "    t = threading.Thread(target=load, args=(name,), name='first-' + name); t.start()\n"
+        "    time.sleep(0.3); load(name); t.join()\n"
+    )
+    result = importwatch("--timeout", "1", "-c", code, env=clean_env())
+    assert result.returncode == 0, result.stderr
+    report = "\n".join(line for line in result.stderr.splitlines() if "in flight" in line)
+    assert "first-slow_find: slow_find (finding, " in report
+    assert "MainThread: slow_find (waiting for the import lock, " in report
+    assert "first-slow_create: slow_create (loading, " in report  # in create_module: not in sys.modules yet
+    assert "MainThread: slow_create (waiting for the module lock held by first-slow_create, " in report
+
+
 def test_exit_on_stall_ends_with_status_1(built: Path) -> None:
     from conftest import clean_env, importwatch
 

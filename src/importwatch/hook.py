@@ -1,19 +1,15 @@
 """The import hook: every import that misses sys.modules becomes a start event and an end event.
 
-Two hook points, each for something the other cannot see:
+``importlib._bootstrap._find_and_load`` is looked up by name on every import
+that misses ``sys.modules``, whichever finder serves it (also those inserted
+ahead of others, ``importlib.import_module``, imports made from C, and ``from
+pkg import sub``). The start event is written there, before the module lock is
+taken and before any finder runs, so a blocked file system or a lock held by
+another thread is already named.
 
-- ``importlib._bootstrap._find_and_load`` is looked up by name on every import
-  that misses ``sys.modules``, whichever finder serves it (also those inserted
-  ahead of ours later, ``importlib.import_module``, imports made from C, and
-  ``from pkg import sub``). The start event is written there, before the module
-  lock is taken and before any finder runs, so a blocked file system or a lock
-  held by another thread is already named.
-- A ``sys.meta_path`` finder at the front marks the moment the finders start,
-  which tells a wait for another thread's module lock from a slow find. It finds
-  nothing itself, so every module keeps the spec and the loader it would have had.
-
-Which file an import is running is read from sys.modules when a report needs
-it, which keeps a third hook off the hot path.
+Where an import in flight stands (waiting for another thread's module lock,
+finding, loading which file) is read from importlib's own records when a report
+needs it, which keeps everything but the two events off the hot path.
 """
 
 from __future__ import annotations
@@ -24,6 +20,8 @@ import sys
 import time
 import types
 
+from importwatch.log import escape
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds at start-up; annotations alone need it
     from typing import Any, Callable
@@ -32,8 +30,23 @@ if TYPE_CHECKING:  # typing costs milliseconds at start-up; annotations alone ne
 
 # Phases of an import in flight, as a stall report names them.
 WAITING = "waiting for the module lock"
+WAITING_GLOBAL = "waiting for the import lock"
 FINDING = "finding"
 LOADING = "loading"
+
+
+def _codes(phase: str, *functions: Any) -> dict[Any, str]:
+    return {function.__code__: phase for function in functions if hasattr(function, "__code__")}
+
+
+# Where a thread that has no module in sys.modules yet stands, by the innermost of these frames:
+# the global lock is held by any thread running a finder; module_from_spec runs create_module.
+_PHASE_OF_FRAME = {
+    **_codes(WAITING_GLOBAL, getattr(_bootstrap, "_get_module_lock", None)),
+    **_codes(WAITING_GLOBAL, getattr(getattr(_bootstrap, "_ImportLockContext", None), "__enter__", None)),
+    **_codes(LOADING, getattr(_bootstrap, "module_from_spec", None)),
+    **_codes(FINDING, getattr(_bootstrap, "_find_spec", None)),
+}
 
 IMPORTLIB_FILENAME = _bootstrap._find_and_load.__code__.co_filename
 
@@ -41,38 +54,72 @@ IMPORTLIB_FILENAME = _bootstrap._find_and_load.__code__.co_filename
 class Frame:
     """One import, native load or phase in flight on one thread."""
 
-    __slots__ = ("context", "kind", "name", "phase", "progress", "start", "timeout")
+    __slots__ = ("context", "kind", "name", "progress", "start", "timeout")
 
     def __init__(self, name: str, start: float, kind: str = "import") -> None:
         self.name = name
         self.kind = kind
         self.start = start
         self.progress = start  # last sign of life: the start, or the end of a nested step
-        self.phase = WAITING if kind == "import" else kind
         # A phase's or step's own stall threshold, counted from its start (None: the watchdog's,
         # counted from the last progress), and what a stall report should add about it.
         self.timeout: float | None = None
         self.context: Callable[[], list[str]] | None = None
 
-    def describe(self, now: float) -> str:
+    def describe(self, now: float, ident: int, thread_name: Callable[[int], str]) -> str:
+        """NAME (PHASE, AGE) for a report; IDENT is the thread it runs in, named by THREAD_NAME."""
         if self.kind != "import":
             return f"{self.name} ({now - self.start:.1f} s)"
-        return f"{self.name} ({self.where()}, {now - self.start:.1f} s)"
+        return f"{self.name} ({self.where(ident, thread_name)}, {now - self.start:.1f} s)"
 
-    def where(self) -> str:
+    def where(self, ident: int, thread_name: Callable[[int], str]) -> str:
         """The import's phase, read when a report needs it rather than tracked on the hot path.
 
-        A module is in sys.modules from the moment its loader starts running it;
-        before that, our finder has marked whether the finders have started.
+        A module is in sys.modules from the moment its loader starts running it.
+        Before that, its thread waits for the module's lock (importlib records
+        which, for its own deadlock check), or its innermost importlib frame tells:
+        waiting for importlib's global lock, finding, or creating the module.
         """
         module = sys.modules.get(self.name)
         if module is None:
-            return self.phase
+            owner = lock_owner(ident, self.name)
+            if owner is not None:
+                return f"{WAITING} held by {thread_name(owner)}" if owner else WAITING
+            return _phase_of_stack(ident)
         spec = getattr(module, "__spec__", None)
         origin = getattr(spec, "origin", None)
         if getattr(spec, "has_location", False) and isinstance(origin, str):
             return f"{LOADING} {origin}"
         return LOADING
+
+
+def _phase_of_stack(ident: int) -> str:
+    """Thread IDENT's phase as its innermost importlib frame tells (finding when none does)."""
+    frame = sys._current_frames().get(ident)
+    while frame is not None:
+        phase = _PHASE_OF_FRAME.get(frame.f_code)
+        if phase is not None:
+            return phase
+        frame = frame.f_back
+    return FINDING
+
+
+def lock_owner(ident: int, name: str) -> int | None:
+    """When thread IDENT waits for module NAME's import lock: the thread that holds it (0 if unknown).
+
+    importlib notes, per waiting thread, the lock it waits for (up to 3.11) or a
+    list of them (3.12 on) in ``_blocking_on``; each lock knows its name and owner.
+    """
+    blocking = getattr(_bootstrap, "_blocking_on", None)
+    try:
+        entry = blocking.get(ident) if blocking is not None else None
+        locks = list(entry) if isinstance(entry, list) else [entry]
+    except Exception:  # a private structure of another version: no phase rather than no report
+        return None
+    for lock in locks:
+        if getattr(lock, "name", None) == name:
+            return getattr(lock, "owner", None) or 0
+    return None
 
 
 def as_importlib_frame(function: Callable, name: str | None = None) -> Callable:
@@ -93,22 +140,6 @@ def as_importlib_frame(function: Callable, name: str | None = None) -> Callable:
     return clone
 
 
-class ImportWatchFinder:
-    """The meta_path entry: marks that the finders have started, and finds nothing itself."""
-
-    def __init__(self, tracer: Tracer) -> None:
-        self._tracer = tracer
-
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> None:
-        stack = self._tracer.stacks.get(_thread.get_ident())
-        if stack and stack[-1].name == fullname:
-            stack[-1].phase = FINDING
-        return None
-
-    def invalidate_caches(self) -> None:
-        pass
-
-
 class Tracer:
     """Keeps the imports in flight per thread and reports their start and end to the sink."""
 
@@ -122,7 +153,6 @@ class Tracer:
         # Called around steps that hold the GIL (a dlopen): the heartbeat cannot run then.
         self.on_gil_held: Callable[[Frame], None] | None = None
         self.on_gil_released: Callable[[Frame], None] | None = None
-        self.finder = ImportWatchFinder(self)
         self._errors_said: set[str] = set()
         self._saved: Callable | None = None  # the original _find_and_load while installed
 
@@ -136,20 +166,18 @@ class Tracer:
             return
         self._saved = _bootstrap._find_and_load
         _bootstrap._find_and_load = as_importlib_frame(self._make_find_and_load(self._saved))
-        sys.meta_path.insert(0, self.finder)
 
     def uninstall(self) -> None:
         if self._saved is None:
             return
         _bootstrap._find_and_load = self._saved
         self._saved = None
-        if self.finder in sys.meta_path:
-            sys.meta_path.remove(self.finder)
 
     # -- the hot path ------------------------------------------------------------
     def _make_find_and_load(self, original: Callable) -> Callable:
         stacks = self.stacks
         sink = self.sink
+        emit = sink.emit
         on_start = self.on_start
         on_end = self.on_end
         get_ident = _thread.get_ident
@@ -168,12 +196,16 @@ class Tracer:
                 native_ids[ident] = get_native_id()  # for the watchdog's look at its CPU time
             parent = stack[-1].name if stack else None
             indent = "  " * len(stack)
+            shown = name if name.isascii() and name.isprintable() else escape(name)  # once, for both lines
             hook = on_start.get(name)
             if hook is not None:
                 tracer.safely(hook, name)
             frame = Frame(name, clock())
             stack.append(frame)
-            sink.event("import", f"{indent}> {name}", {"name": name, "parent": parent})
+            # The fields are only made when a JSON log will write them.
+            emit(
+                "import", f"{indent}> {shown}", {"name": name, "parent": parent} if sink.structured else None
+            )
             try:
                 module = original(name, import_)
             except BaseException as error:
@@ -187,7 +219,7 @@ class Tracer:
                 message = f"{type(error).__name__}: {error}"
                 sink.event(
                     "import_end",
-                    f"{indent}< {name} {ms:.3f} ms failed {message}",
+                    f"{indent}< {shown} {ms:.3f} ms failed {message}",
                     {"name": name, "parent": parent, "ms": ms, "error": message},
                 )
                 if tracer.on_progress is not None:
@@ -200,8 +232,10 @@ class Tracer:
             else:
                 del stacks[ident]
             ms = (now - frame.start) * 1000.0
-            sink.event(
-                "import_end", f"{indent}< {name} {ms:.3f} ms", {"name": name, "parent": parent, "ms": ms}
+            emit(
+                "import_end",
+                f"{indent}< {shown} {ms:.3f} ms",
+                {"name": name, "parent": parent, "ms": ms} if sink.structured else None,
             )
             if tracer.on_progress is not None:
                 tracer.on_progress(now)

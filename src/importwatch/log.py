@@ -117,6 +117,7 @@ class Sink:
         # A copy of stderr taken before pytest's capture redirects fd 2, in the pytest plugin.
         self.stderr = Channel(stderr_fd, "stderr")
         self.log: Channel | None = None
+        self.structured = False  # a JSON log writes each event's fields: only then need they be made
         self.feed: Feed | None = None
         self._own_threads: dict[int, str] = {}
         self.pid = 0
@@ -127,6 +128,7 @@ class Sink:
         self._msec = -1
         self._stamp = ""
         self._head = ""
+        self._prefix = ""  # head and stamp of a main-thread line, made once per millisecond
         self._json = None
         self.after_fork_in_child()
 
@@ -140,6 +142,7 @@ class Sink:
             return False
         self.close_log()
         self.log = Channel(fd, path, json=path.endswith(".jsonl"))
+        self.structured = self.log.json
         if self.log.json:
             import json
 
@@ -153,6 +156,7 @@ class Sink:
             except OSError:
                 pass
             self.log = None
+            self.structured = False
 
     def attach_feed(self, fd: int, keep: int) -> None:
         """From now on every text line also goes to the watcher's pipe FD (see Feed)."""
@@ -188,32 +192,38 @@ class Sink:
         """Lines of a distributed job carry the process's rank after the pid: `[importwatch 4711 r1 ...`."""
         self.rank = rank
         self._head = f"[{PREFIX} {self.pid} " if rank is None else f"[{PREFIX} {self.pid} r{rank} "
+        self._msec = -1  # the next line makes its prefix anew
 
     # -- writing -------------------------------------------------------------
     def event(self, kind: str, body: str, fields: dict | None = None) -> None:
-        """Write one event: BODY as a text line; KIND and FIELDS as well in a JSON log.
+        """Write one event: BODY as a text line; KIND and FIELDS as well in a JSON log."""
+        if not (body.isascii() and body.isprintable()):
+            body = escape(body)
+        self.emit(kind, body, fields)
 
-        This runs twice per import: it formats with one f-string and writes with
-        one os.write per channel, and does nothing else when nothing goes wrong.
+    def emit(self, kind: str, body: str, fields: dict | None = None) -> None:
+        """event() for a BODY known to be printable ASCII already: the import hook's path.
+
+        This runs twice per import: it formats with one concatenation and writes
+        with one os.write per channel, and does nothing else when nothing goes wrong.
         """
         now = _time()
         msec = int(now * 1000)
         if msec != self._msec:
             self._set_stamp(msec)
-        if not (body.isascii() and body.isprintable()):
-            body = escape(body)
         ident = _get_ident()
         if ident == self.main_thread:
             thread = None
-            text = f"{self._head}{self._stamp}] {body}\n".encode("ascii")
+            text = (self._prefix + body + "\n").encode("ascii")
         else:
             thread = self.thread_name(ident)
             text = f"{self._head}{self._stamp} {thread}] {body}\n".encode("ascii")
+        size = len(text)
         stderr = self.stderr
         if not stderr.broken:
             try:
                 written = _write(stderr.fd, text)
-                if written != len(text):  # rare: a non-blocking stderr took part of it
+                if written != size:  # rare: a non-blocking stderr took part of it
                     stderr.write(text[written:])
             except OSError:
                 stderr.broken = True  # nowhere left to say it
@@ -226,9 +236,9 @@ class Sink:
         if log is not None and not log.broken:
             if log.json:
                 text = self._json_line(now, thread, kind, body, fields)
+                size = len(text)
             try:
-                written = _write(log.fd, text)
-                if written != len(text):
+                if _write(log.fd, text) != size:
                     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # a full disk writes short
             except OSError as error:
                 log.broken = True
@@ -242,6 +252,7 @@ class Sink:
             self._second = second
             self._clock = time.strftime("%H:%M:%S", time.localtime(second))
         self._stamp = f"{self._clock}.{msec % 1000:03d}"
+        self._prefix = f"{self._head}{self._stamp}] "
 
     def _json_line(self, now: float, thread: str | None, kind: str, body: str, fields: dict | None) -> bytes:
         record = {"time": now, "pid": self.pid, "thread": thread or "MainThread"}

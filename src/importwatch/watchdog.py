@@ -204,7 +204,8 @@ class Watchdog:
 
     def _chain_line(self, ident: int, chain: list[Frame], now: float) -> str:
         name = self.sink.thread_name(ident)
-        return f"{name}: " + " > ".join(frame.describe(now) for frame in chain)
+        thread_name = self.sink.thread_name
+        return f"{name}: " + " > ".join(frame.describe(now, ident, thread_name) for frame in chain)
 
     def _dump(self, header: bytes) -> None:
         """faulthandler's dump of all threads to stderr, then to the text log."""
