@@ -49,6 +49,17 @@ def run_once(code: str, env: dict[str, str], stderr_path: Path) -> float:
         return time.perf_counter() - began
 
 
+def median_interval(values: list[float]) -> tuple[float, float]:
+    """A distribution-free 95% confidence interval for the median of VALUES (order statistics).
+
+    The median's rank in a sample of n is binomial(n, 1/2): the interval runs
+    from the k-th smallest to the k-th largest value, k = n/2 - 0.98 sqrt(n).
+    """
+    ordered = sorted(values)
+    k = max(int(len(ordered) / 2 - 0.98 * len(ordered) ** 0.5), 0)
+    return ordered[k], ordered[-k - 1]
+
+
 def compare(code: str, pairs: int, env: dict[str, str], workdir: Path) -> tuple[float, float, float]:
     """Median plain and traced seconds, and the median of the per-pair ratios."""
     plain_env = {k: v for k, v in env.items() if not k.startswith("IMPORTWATCH")}
@@ -63,6 +74,8 @@ def compare(code: str, pairs: int, env: dict[str, str], workdir: Path) -> tuple[
     ratios = [t / p for t, p in zip(traced, plain)]
     # The fastest runs are the least disturbed by a shared machine; reported beside the medians.
     print(f"  (fastest runs: plain {min(plain) * 1000:.1f} ms, traced {min(traced) * 1000:.1f} ms)")
+    low, high = median_interval(ratios)
+    print(f"  (per-pair ratios: 95% confidence interval of their median {low:.3f} to {high:.3f})")
     return statistics.median(plain), statistics.median(traced), statistics.median(ratios)
 
 

@@ -125,7 +125,7 @@ def _read(fd: int) -> DynamicInfo | None:
         phnum = _number(_pread(fd, shentsize, shoff), 44 if wide else 28, 4, order)
     if phnum == 0:
         return None
-    if phentsize < (56 if wide else 32):
+    if phentsize < (56 if wide else 32) or phentsize % word:
         raise _Corrupt
     table_size = phentsize * phnum
     if table_size > _MAX_DYNAMIC:
@@ -135,25 +135,17 @@ def _read(fd: int) -> DynamicInfo | None:
     else:
         table = _pread(fd, table_size, phoff)
 
-    # p_offset, p_vaddr, p_filesz: at 8, 16, 32 in ELF64 (after p_type, p_flags); at 4, 8, 16 in ELF32.
-    at_offset, at_vaddr, at_filesz = (8, 16, 32) if wide else (4, 8, 16)
+    # As words: p_type (with p_flags in ELF64), p_offset, p_vaddr, p_paddr, p_filesz, in both classes.
+    fields = _words(table, word, order)
+    type_shift = 32 if wide and order == "big" else 0  # where p_type lies in ELF64's first word
     loads = []  # (vaddr, filesz, offset)
     dynamic = None  # (offset, filesz)
-    for entry in range(0, table_size, phentsize):
-        p_type = _number(table, entry, 4, order)
+    for entry in range(0, len(fields), phentsize // word):
+        p_type = (fields[entry] >> type_shift) & 0xFFFFFFFF
         if p_type == _PT_LOAD:
-            loads.append(
-                (
-                    _number(table, entry + at_vaddr, word, order),
-                    _number(table, entry + at_filesz, word, order),
-                    _number(table, entry + at_offset, word, order),
-                )
-            )
+            loads.append((fields[entry + 2], fields[entry + 4], fields[entry + 1]))
         elif p_type == _PT_DYNAMIC and dynamic is None:
-            dynamic = (
-                _number(table, entry + at_offset, word, order),
-                _number(table, entry + at_filesz, word, order),
-            )
+            dynamic = (fields[entry + 1], fields[entry + 4])
     if dynamic is None:
         return DynamicInfo()  # statically linked: it asks nothing of the dynamic linker
     offset, size = dynamic
