@@ -104,6 +104,7 @@ def test_a_phase_past_its_own_timeout_gets_a_stall_report_naming_it(tmp_path: Pa
         import time
         import importwatch
 
+        time.sleep(1.0)  # nothing in flight: the watchdog sleeps for long, and the phase must wake it
         with importwatch.phase("load weights", timeout=0.5):
             time.sleep(1.2)
         print("loaded")

@@ -172,6 +172,23 @@ def test_waits_for_import_locks_name_the_lock(tmp_path: Path) -> None:
     assert "MainThread: slow_create (waiting for the module lock held by first-slow_create, " in report
 
 
+def test_the_first_import_after_a_quiet_spell_is_watched_even_if_it_holds_the_gil(
+    tmp_path: Path, start
+) -> None:
+    """Nothing was in flight, so nothing was armed; the import holds the GIL at once.
+
+    The heartbeat cannot run to arm faulthandler's timer, so starting the import must arm it.
+    """
+    root = _package(tmp_path, {"gilhog.py": "import ctypes\nctypes.PyDLL(None).sleep(30)\n"})
+    code = "import ctypes, time\ntime.sleep(1.5)\nimport gilhog\n"  # PyDLL calls keep the GIL
+    proc = start(traced("--timeout", "2", "-c", code), PYTHONPATH=str(root))
+    proc.wait_for("> gilhog", timeout=15)
+    began = time.monotonic()
+    proc.wait_for("Timeout (", timeout=15)
+    assert time.monotonic() - began <= 2 + 1.0, proc.stderr
+    assert "gilhog.py" in proc.stderr.split("Timeout (", 1)[1]
+
+
 def test_exit_on_stall_ends_with_status_1(built: Path) -> None:
     from conftest import clean_env, importwatch
 

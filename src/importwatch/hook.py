@@ -153,6 +153,10 @@ class Tracer:
         # Called around steps that hold the GIL (a dlopen): the heartbeat cannot run then.
         self.on_gil_held: Callable[[Frame], None] | None = None
         self.on_gil_released: Callable[[Frame], None] | None = None
+        # Called with the step's own threshold (None: the watchdog's) when a step begins that the
+        # watchdog may not be watching yet: the first on a thread with nothing in flight, or one with
+        # a threshold of its own.
+        self.on_deadline: Callable[[float | None], None] | None = None
         self._errors_said: set[str] = set()
         self._saved: Callable | None = None  # the original _find_and_load while installed
 
@@ -194,6 +198,8 @@ class Tracer:
             if stack is None:
                 stack = stacks[ident] = []
                 native_ids[ident] = get_native_id()  # for the watchdog's look at its CPU time
+                if tracer.on_deadline is not None:
+                    tracer.on_deadline(None)
             parent = stack[-1].name if stack else None
             indent = "  " * len(stack)
             shown = name if name.isascii() and name.isprintable() else escape(name)  # once, for both lines
@@ -247,15 +253,22 @@ class Tracer:
         return _find_and_load
 
     # -- steps other than imports ------------------------------------------------
-    def push(self, name: str, kind: str) -> tuple[Frame, int]:
-        """Put a native load or a phase in flight on this thread; returns it and its depth."""
+    def push(self, name: str, kind: str, timeout: float | None = None) -> tuple[Frame, int]:
+        """Put a native load or a phase in flight on this thread; returns it and its depth.
+
+        TIMEOUT is the step's own stall threshold, counted from its start (None: the watchdog's).
+        """
         ident = _thread.get_ident()
         stack = self.stacks.get(ident)
+        fresh = stack is None
         if stack is None:
             stack = self.stacks[ident] = []
             self.native_ids[ident] = _thread.get_native_id()
         frame = Frame(name, time.monotonic(), kind)
+        frame.timeout = timeout
         stack.append(frame)
+        if (fresh or timeout is not None) and self.on_deadline is not None:
+            self.on_deadline(timeout)
         if kind == "native" and self.on_gil_held is not None:
             self.on_gil_held(frame)
         return frame, len(stack) - 1

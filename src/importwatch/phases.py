@@ -68,8 +68,7 @@ class phase:
         tracer = _tracer
         if tracer is not None:
             name = str(self.name)
-            frame, depth = tracer.push(f"phase {name}", "phase")
-            frame.timeout = self.timeout
+            frame, depth = tracer.push(f"phase {name}", "phase", self.timeout)
             indent = "  " * depth
             self._started = (tracer, frame, indent, name)
             tracer.sink.event("phase", f"{indent}> phase {name}", {"name": name, "timeout": self.timeout})

@@ -48,11 +48,18 @@ class Watchdog:
         self.sink = tracer.sink
         self.timeout = timeout
         self.exit_on_stall = exit_on_stall
+        # The finest look, and the longest sleep while something is in flight. A deadline armed is
+        # moved later at most every `longest` seconds: each arming starts a thread (see _guard),
+        # and a heartbeat that wakes wrests the GIL from the program. So a stall that holds the
+        # GIL may be dumped up to `longest` early (an eighth of the threshold); the heartbeat's
+        # own reports, for stalls that leave the GIL free, come when due.
         self.interval = min(0.25, timeout / 4)
+        self.longest = max(self.interval, timeout / 8)
         self._running = False
         self._generation = 0
         self._lock = _thread.RLock()  # arming and stopping, from the heartbeat, the program and atexit
-        self._guard_armed = False  # the deadline armed was set by _guard, for a dlopen
+        self._wake = self._new_wake()
+        self._next_look = 0.0  # when the heartbeat looks next, unless woken
         self._armed_for: float | None = None  # the deadline faulthandler is armed for
         self._stalled: dict[int, tuple[Frame, float, int]] = {}  # ident: frame, since, reports
 
@@ -65,6 +72,7 @@ class Watchdog:
         self.tracer.on_progress = self._on_progress
         self.tracer.on_gil_held = self._guard
         self.tracer.on_gil_released = self._unguard
+        self.tracer.on_deadline = self._step_begins
         _thread.start_new_thread(self._heartbeat, (self._generation,))
 
     def stop(self) -> None:
@@ -72,9 +80,41 @@ class Watchdog:
             self._running = False
             self._generation += 1
             self._disarm()
+        self.wake()
         if self.tracer.on_progress == self._on_progress:
             self.tracer.on_progress = None
-            self.tracer.on_gil_held = self.tracer.on_gil_released = None
+            self.tracer.on_gil_held = self.tracer.on_gil_released = self.tracer.on_deadline = None
+
+    def _step_begins(self, timeout: float | None) -> None:
+        """A step began (see Tracer.on_deadline) with its own threshold TIMEOUT, or the watchdog's.
+
+        While nothing was in flight nothing may be armed, and a step that holds the
+        GIL at once would keep the heartbeat from arming it: arm it here. Wake the
+        heartbeat only if its next look would come too late for this step.
+        """
+        limit = self.timeout if timeout is None else timeout
+        if limit <= 0:
+            return
+        now = time.monotonic()
+        armed = self._armed_for
+        if armed is None or armed > now + limit + _GRACE:
+            self._arm(now + limit + _GRACE, now)
+        if now + limit < self._next_look + self.interval:
+            self.wake()
+
+    def wake(self) -> None:
+        """Have the heartbeat look now."""
+        try:
+            self._wake.release()
+        except RuntimeError:
+            pass  # already woken
+
+    @staticmethod
+    def _new_wake() -> _thread.LockType:
+        """A lock held until wake() releases it: the heartbeat sleeps by waiting for it."""
+        wake = _thread.allocate_lock()
+        wake.acquire()
+        return wake
 
     def before_fork(self) -> None:
         # A process forked while faulthandler's timer is armed can hang when the child exits.
@@ -83,6 +123,7 @@ class Watchdog:
     def after_fork(self, in_child: bool) -> None:
         if in_child:
             self._lock = _thread.RLock()  # the heartbeat may have held it at the fork
+            self._wake = self._new_wake()
         if in_child and self._running:
             self._stalled.clear()
             self._running = False
@@ -91,21 +132,29 @@ class Watchdog:
     # -- the heartbeat ----------------------------------------------------------------
     def _heartbeat(self, generation: int) -> None:
         self.sink.name_thread("importwatch-heartbeat")  # so the watcher can tell it apart
+        wake = self._wake
+        pause = self.interval
         while self._running and generation == self._generation:
-            time.sleep(self.interval)
-            if not self._running:
+            self._next_look = time.monotonic() + pause
+            wake.acquire(timeout=pause)
+            if not self._running or generation != self._generation:
                 break  # stopped while asleep: the interpreter may be finalising
             try:
-                self.check(time.monotonic())
+                pause = self.check(time.monotonic())
             except Exception as error:  # never let the watchdog die silently
                 self.sink.warn(f"watchdog error: {type(error).__name__}: {error}")
+                pause = self.interval
 
-    def check(self, now: float) -> None:
-        """One look at what is in flight: report stalls, keep faulthandler's deadline current."""
+    def check(self, now: float) -> float:
+        """One look at what is in flight: report stalls, keep faulthandler's deadline current.
+
+        Returns how long the heartbeat may sleep: until the next report is due, or
+        the armed deadline needs moving, and never longer than `longest`.
+        """
         chains = self.tracer.in_flight()
         if not chains:
             self._disarm()
-            return
+            return self.longest
         due: float | None = None
         for ident, chain in chains.items():
             top = chain[-1]
@@ -116,12 +165,17 @@ class Watchdog:
             next_report = since + limit * _GROWTH**reports
             if now >= next_report:
                 self.report(now, chains, ident)
-                return
+                return self.interval  # another chain may be due as well
             due = next_report if due is None else min(due, next_report)
         if due is None:
             self._disarm()  # nothing in flight may be reported: no deadline, not even a guard's
-        else:
-            self._arm(due + _GRACE, now)
+            return self.longest
+        self._arm(due + _GRACE, now)
+        pause = min(due - now, self.longest)
+        armed = self._armed_for
+        if armed is not None:
+            pause = min(pause, armed - now - self.interval)  # wake in time to move it, if it must move
+        return max(pause, 0.005)
 
     # -- reports ---------------------------------------------------------------------
     def report(self, now: float, chains: dict[int, list[Frame]], culprit: int) -> None:
@@ -240,14 +294,12 @@ class Watchdog:
         Arming starts a thread in faulthandler and cancelling joins it, about 70 us
         each: too dear for every one of the tens of dlopens an `import torch` makes in
         a burst. So a deadline already armed is kept when it is due no later than this
-        load's own, and, if a guard armed it, no more than a heartbeat earlier: a stall
-        is then reported at most one heartbeat early, as the heartbeat itself would.
+        load's own and less than `longest` earlier, as the heartbeat keeps its own.
         """
         deadline = frame.start + self.timeout + _GRACE
         armed = self._armed_for
-        if armed is None or armed > deadline or (self._guard_armed and armed < deadline - self.interval):
+        if armed is None or armed > deadline or armed <= deadline - self.longest:
             self._arm(deadline, frame.start)
-            self._guard_armed = True
 
     def _unguard(self, frame: Frame) -> None:
         """After a dlopen: say so if faulthandler reported it.
@@ -270,13 +322,22 @@ class Watchdog:
 
     # -- faulthandler's timer -------------------------------------------------------------
     def _arm(self, deadline: float, now: float) -> None:
+        """Have faulthandler dump at DEADLINE, unless what is armed may stand (see __init__).
+
+        A deadline armed may stand when it is no later than DEADLINE, less than
+        `longest` earlier, and not so near that the heartbeat could not move it in time.
+        """
         with self._lock:  # never re-armed after stop(): faulthandler is unloaded at exit
             if not self._running:
                 return
-            if self._armed_for is not None and abs(self._armed_for - deadline) < 0.05:
+            armed = self._armed_for
+            if (
+                armed is not None
+                and deadline - self.longest < armed <= deadline
+                and armed - now > 2 * self.interval
+            ):
                 return
             self._arm_now(deadline, now)
-            self._guard_armed = False
 
     def _arm_now(self, deadline: float, now: float) -> None:
         try:
