@@ -14,7 +14,7 @@ import time
 from importwatch import config
 from importwatch.runner import is_zip
 from importwatch.trials import ERROR, OK, STOPPED, Outcome, Trials
-from importwatch.usage import EXIT_USAGE, UsageError, fail, target_at
+from importwatch.usage import EXIT_USAGE, UsageError, fail, target_at, value_of
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -74,16 +74,12 @@ def parse(args: list[str], environ: dict[str, str] | None = None) -> Options | N
     index = 0
     while index < len(args):
         arg = args[index]
-        name, equals, value = arg.partition("=") if arg.startswith("--") else (arg, "", "")
+        name = arg.partition("=")[0] if arg.startswith("--") else arg
         if arg in ("-h", "--help"):
             sys.stdout.write(USAGE)
             return None
         if name in ("--timeout", "--jobs", "--max-tries", "--max-time"):
-            if not equals:
-                index += 1
-                if index >= len(args):
-                    raise UsageError(f"{name} needs a value")
-                value = args[index]
+            value, index = value_of(args, index)
             if name == "--timeout":
                 options.timeout = _timeout(value, name)
             elif name == "--max-time":

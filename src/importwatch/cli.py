@@ -6,7 +6,7 @@ import os
 import sys
 
 from importwatch import __version__, config
-from importwatch.usage import UsageError, fail, target_at
+from importwatch.usage import UsageError, fail, target_at, value_of
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -67,7 +67,7 @@ def parse(args: list[str]) -> tuple[dict | None, Target | None]:
     index = 0
     while index < len(args):
         arg = args[index]
-        name, has_value, value = arg.partition("=") if arg.startswith("--") else (arg, False, "")
+        name = arg.partition("=")[0] if arg.startswith("--") else arg
         if arg in ("-h", "--help"):
             sys.stdout.write(USAGE)
             return None, None
@@ -75,11 +75,7 @@ def parse(args: list[str]) -> tuple[dict | None, Target | None]:
             sys.stdout.write(f"importwatch {__version__}\n")
             return None, None
         if name in ("--timeout", "--log"):
-            if not has_value:
-                index += 1
-                if index >= len(args):
-                    raise UsageError(f"{name} needs a value")
-                value = args[index]
+            value, index = value_of(args, index)
             if name == "--timeout":
                 options["timeout"] = _checked(config.parse_timeout, value, "--timeout")
             else:

@@ -212,9 +212,13 @@ class Tracer:
             emit(
                 "import", f"{indent}> {shown}", {"name": name, "parent": parent} if sink.structured else None
             )
+            failure = None
             try:
                 module = original(name, import_)
             except BaseException as error:
+                failure = f"{type(error).__name__}: {error}"
+                raise
+            finally:  # the end line, whichever way the import ended
                 stack.pop()
                 now = clock()
                 if stack:
@@ -222,29 +226,14 @@ class Tracer:
                 else:
                     del stacks[ident]
                 ms = (now - frame.start) * 1000.0
-                message = f"{type(error).__name__}: {error}"
-                sink.event(
-                    "import_end",
-                    f"{indent}< {shown} {ms:.3f} ms failed {message}",
-                    {"name": name, "parent": parent, "ms": ms, "error": message},
-                )
+                if failure is None:
+                    fields = {"name": name, "parent": parent, "ms": ms} if sink.structured else None
+                    emit("import_end", f"{indent}< {shown} {ms:.3f} ms", fields)
+                else:  # an exception's text may need escaping
+                    fields = {"name": name, "parent": parent, "ms": ms, "error": failure}
+                    sink.event("import_end", f"{indent}< {shown} {ms:.3f} ms failed {failure}", fields)
                 if tracer.on_progress is not None:
                     tracer.on_progress(now)
-                raise
-            stack.pop()
-            now = clock()
-            if stack:
-                stack[-1].progress = now
-            else:
-                del stacks[ident]
-            ms = (now - frame.start) * 1000.0
-            emit(
-                "import_end",
-                f"{indent}< {shown} {ms:.3f} ms",
-                {"name": name, "parent": parent, "ms": ms} if sink.structured else None,
-            )
-            if tracer.on_progress is not None:
-                tracer.on_progress(now)
             hook = on_end.get(name)
             if hook is not None:
                 tracer.safely(hook, module)
@@ -261,7 +250,7 @@ class Tracer:
         ident = _thread.get_ident()
         stack = self.stacks.get(ident)
         fresh = stack is None
-        if stack is None:
+        if fresh:
             stack = self.stacks[ident] = []
             self.native_ids[ident] = _thread.get_native_id()
         frame = Frame(name, time.monotonic(), kind)

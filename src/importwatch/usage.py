@@ -24,6 +24,16 @@ def fail(message: object) -> int:
     return EXIT_USAGE
 
 
+def value_of(args: list[str], index: int) -> tuple[str, int]:
+    """The value of the option ARGS[INDEX]: what follows its `=`, else the next word; and where it was."""
+    name, equals, value = args[index].partition("=")
+    if equals:
+        return value, index
+    if index + 1 >= len(args):
+        raise UsageError(f"{name} needs a value")
+    return args[index + 1], index + 1
+
+
 def target_at(args: list[str], index: int, command: str) -> Target:
     """The program to run, from ARGS[INDEX] on, once the caller has taken its own options.
 

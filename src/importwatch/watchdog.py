@@ -49,7 +49,7 @@ class Watchdog:
         self.timeout = timeout
         self.exit_on_stall = exit_on_stall
         # The finest look, and the longest sleep while something is in flight. A deadline armed is
-        # moved later at most every `longest` seconds: each arming starts a thread (see _guard),
+        # moved later at most every `longest` seconds: each arming starts a thread (see _cover),
         # and a heartbeat that wakes wrests the GIL from the program. So a stall that holds the
         # GIL may be dumped up to `longest` early (an eighth of the threshold); the heartbeat's
         # own reports, for stalls that leave the GIL free, come when due.
@@ -89,16 +89,14 @@ class Watchdog:
         """A step began (see Tracer.on_deadline) with its own threshold TIMEOUT, or the watchdog's.
 
         While nothing was in flight nothing may be armed, and a step that holds the
-        GIL at once would keep the heartbeat from arming it: arm it here. Wake the
+        GIL at once would keep the heartbeat from arming it: cover it here. Wake the
         heartbeat only if its next look would come too late for this step.
         """
         limit = self.timeout if timeout is None else timeout
         if limit <= 0:
             return
         now = time.monotonic()
-        armed = self._armed_for
-        if armed is None or armed > now + limit + _GRACE:
-            self._arm(now + limit + _GRACE, now)
+        self._cover(now, limit)
         if now + limit < self._next_look + self.interval:
             self.wake()
 
@@ -289,24 +287,28 @@ class Watchdog:
             self.sink.event("resumed", "RESUMED: progress again after the stall dumped above", {})
 
     def _guard(self, frame: Frame) -> None:
-        """Before a dlopen: the heartbeat may not run again until it returns, so the C timer must be armed.
+        """Before a dlopen: the heartbeat may not run again until it returns, so the C timer must be armed."""
+        self._cover(frame.start, self.timeout)
+
+    def _cover(self, start: float, limit: float) -> None:
+        """See that faulthandler's timer is armed for a step that began at START with threshold LIMIT.
 
         Arming starts a thread in faulthandler and cancelling joins it, about 70 us
         each: too dear for every one of the tens of dlopens an `import torch` makes in
         a burst. So a deadline already armed is kept when it is due no later than this
-        load's own and less than `longest` earlier, as the heartbeat keeps its own.
+        step's own and less than `longest` earlier, as the heartbeat keeps its own.
         """
-        deadline = frame.start + self.timeout + _GRACE
+        deadline = start + limit + _GRACE
         armed = self._armed_for
         if armed is None or armed > deadline or armed <= deadline - self.longest:
-            self._arm(deadline, frame.start)
+            self._arm(deadline, start)
 
     def _unguard(self, frame: Frame) -> None:
         """After a dlopen: say so if faulthandler reported it.
 
         A timer still armed is left for the heartbeat's next look, which re-arms it
         for what is in flight then or cancels it; cancelling here would cost each
-        load a thread join (see _guard).
+        load a thread join (see _cover).
         """
         armed = self._armed_for
         if armed is None:
