@@ -34,9 +34,22 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 # -- running importwatch ----------------------------------------------------------------
+# What the developer's own environment may hold that would change what a traced process does:
+# our variables, a distributed job's (a rank prefixes every line), and where torch builds extensions.
+_NOT_PASSED_ON = (
+    "IMPORTWATCH",
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCH_EXTENSIONS_DIR",
+)
+
+
 def clean_env(**extra: str) -> dict[str, str]:
-    """The environment minus any IMPORTWATCH_* the developer had set, plus EXTRA."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("IMPORTWATCH")}
+    """The environment minus what would change a traced process (see _NOT_PASSED_ON), plus EXTRA."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_NOT_PASSED_ON)}
     env.pop("PYTHONPATH", None)
     env.update(extra)
     return env

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import clean_env
 from importwatch.blocking import Rendezvous
 from importwatch.events import parse_line
 
@@ -28,15 +29,6 @@ except Exception:  # not installed, or broken: either way these tests cannot run
 
 skip_without_torch = pytest.mark.skipif(not HAVE_TORCH, reason="torch does not import in this interpreter")
 
-_OURS = (
-    "IMPORTWATCH",
-    "RANK",
-    "LOCAL_RANK",
-    "WORLD_SIZE",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "TORCH_EXTENSIONS_DIR",
-)
 
 # Joins the process group with torch's own timeout kept short, so that nothing outlives a test.
 INIT = """
@@ -45,12 +37,6 @@ import torch.distributed as dist
 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=15))
 print("joined", flush=True)
 """
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    env = {name: value for name, value in os.environ.items() if not name.startswith(_OURS)}
-    env.update(extra)
-    return env
 
 
 def free_port() -> int:
@@ -100,6 +86,15 @@ def wait_for(path: Path, kind: str, seconds: float = 30) -> list:
 def stop(process: subprocess.Popen) -> None:
     process.kill()
     process.wait(timeout=10)
+
+
+def events_until_stall(tmp_path: Path, source: str, log: Path, env: dict[str, str]) -> list:
+    """Run SOURCE traced with a 1 s threshold until its first stall report is whole; its events."""
+    process = start(tmp_path, source, str(log), env, "--timeout", "1")
+    try:
+        return wait_for(log, "stall")
+    finally:
+        stop(process)
 
 
 def context_of_first_stall(events: list) -> list[str]:
@@ -167,11 +162,7 @@ def test_a_rendezvous_missing_a_peer_gets_a_report_naming_the_step_and_the_varia
     port = str(free_port())
     env = clean_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, RANK=rank, WORLD_SIZE="2")
     log = tmp_path / "job.log"
-    process = start(tmp_path, INIT, str(log), env, "--timeout", "1")
-    try:
-        events = wait_for(log, "stall")
-    finally:
-        stop(process)
+    events = events_until_stall(tmp_path, INIT, log, env)
     step = next(event for event in events if event.kind == "step")
     assert step.name == "torch.distributed.init_process_group"
     assert step.rank == int(rank)  # the rank is on every line
@@ -258,11 +249,7 @@ def test_a_stale_extension_build_lock_is_named_with_its_age(tmp_path: Path) -> N
         load("myext", ["ext.cpp"], build_directory="build")
         """
     log = tmp_path / "job.log"
-    process = start(tmp_path, source, str(log), clean_env(), "--timeout", "1")
-    try:
-        events = wait_for(log, "stall")
-    finally:
-        stop(process)
+    events = events_until_stall(tmp_path, source, log, clean_env())
     step = next(event for event in events if event.kind == "step")
     assert step.name == "torch.utils.cpp_extension.load"
     assert f"build_directory={build.name}" in step.text

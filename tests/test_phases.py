@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap
@@ -10,16 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from conftest import clean_env, importwatch
 from importwatch.events import parse_line
 
 # Variables that would change what a traced child does; every test starts without them.
-_OURS = ("IMPORTWATCH", "RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    env = {name: value for name, value in os.environ.items() if not name.startswith(_OURS)}
-    env.update(extra)
-    return env
 
 
 def run_traced(
@@ -27,14 +20,7 @@ def run_traced(
 ) -> subprocess.CompletedProcess:
     script = tmp_path / "job.py"
     script.write_text(textwrap.dedent(source))
-    return subprocess.run(
-        [sys.executable, "-m", "importwatch", *options, str(script)],
-        cwd=tmp_path,
-        env=env or clean_env(),
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    return importwatch(*options, str(script), cwd=tmp_path, env=env or clean_env(), timeout=30)
 
 
 def read_events(path: Path) -> list:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -12,15 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import clean_env, importwatch
 from importwatch.events import parse_line
-
-_OURS = ("IMPORTWATCH", "RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    env = {name: value for name, value in os.environ.items() if not name.startswith(_OURS)}
-    env.update(extra)
-    return env
 
 
 def write_script(tmp_path: Path, source: str) -> Path:
@@ -60,14 +52,7 @@ def test_a_forked_child_has_its_own_pid_file_and_watchdog_and_exits(tmp_path: Pa
         print(os.getpid(), pid)
         """,
     )
-    result = subprocess.run(
-        [sys.executable, "-m", "importwatch", "--log", "logs/iw-{pid}.log", str(script)],
-        cwd=tmp_path,
-        env=clean_env(),
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    result = importwatch("--log", "logs/iw-{pid}.log", str(script), cwd=tmp_path, env=clean_env(), timeout=30)
     assert result.returncode == 0, result.stderr
     parent, child = map(int, result.stdout.split())
     logs = per_pid_logs(tmp_path / "logs")
@@ -113,12 +98,14 @@ def test_the_runner_passes_tracing_on_to_spawned_workers_and_child_pythons(tmp_p
             print(pid, timeout, child.stdout.strip())
         """,
     )
-    result = subprocess.run(
-        [sys.executable, "-m", "importwatch", "--timeout", "7.5", "--log", "logs/iw-{pid}.log", str(script)],
+    result = importwatch(
+        "--timeout",
+        "7.5",
+        "--log",
+        "logs/iw-{pid}.log",
+        str(script),
         cwd=tmp_path,
         env=clean_env(),
-        capture_output=True,
-        text=True,
         timeout=60,
     )
     assert result.returncode == 0, result.stderr
@@ -198,13 +185,8 @@ def test_a_log_path_with_rank_and_pid_gives_one_file_per_process(tmp_path: Path)
         print(os.getpid(), pid)
         """,
     )
-    result = subprocess.run(
-        [sys.executable, "-m", "importwatch", "--log", "r{rank}-{pid}.log", str(script)],
-        cwd=tmp_path,
-        env=clean_env(RANK="5"),
-        capture_output=True,
-        text=True,
-        timeout=30,
+    result = importwatch(
+        "--log", "r{rank}-{pid}.log", str(script), cwd=tmp_path, env=clean_env(RANK="5"), timeout=30
     )
     assert result.returncode == 0, result.stderr
     parent, child = result.stdout.split()
