@@ -15,6 +15,7 @@ import sys
 from importwatch.cuda import driver_version, explain_load_error, find_torch, native_verdicts
 from importwatch.elf import cuda_needs, read_dynamic
 from importwatch.hook import as_importlib_frame
+from importwatch.loaded import LoadedObjects
 from importwatch.mapped import MappedObjects
 
 TYPE_CHECKING = False
@@ -52,6 +53,8 @@ class NativeLoads:
         self._ctypes_dlopen: Callable | None = None
         self._facts: tuple[TorchFacts | None, str | None] | None = None
         self._objects: MappedObjects | None = None
+        # The loader's own list, once the program has imported ctypes: False where it cannot be read.
+        self._loaded: LoadedObjects | bool | None = None
 
     def install(self) -> None:
         if self._create_module is None:
@@ -141,10 +144,14 @@ class NativeLoads:
             fields["needs"] = needs
             needing = f" needs {', '.join(needs)}"
         self.sink.event("native", f"{indent}> dlopen {path} ({fields['owner']}){needing}", fields)
+        if self._loaded is None:
+            self._start_loaded()
         try:
             if needs:
                 self._say_verdicts(frame, path, info)
-            return info is None or self._mapped().needs_rescan(info.needed)
+            if info is None or self._loaded:  # the loader's counters make a look cheap
+                return True
+            return self._mapped().needs_rescan(info.needed)
         except Exception as error:
             self.tracer.internal_error("CUDA verdicts", error)
             return False
@@ -182,15 +189,7 @@ class NativeLoads:
     def _pulled_in(self, rescan: bool, path: str, fields: dict[str, Any]) -> str:
         """The shared objects this load mapped besides the file itself, as the end line's tail."""
         try:
-            mapped = self._mapped()
-            if not rescan:
-                mapped.note(path)
-                return ""
-            new = mapped.rescan()
-            if new:
-                # Maps names the file itself by its real path; resolve only a path it does not list.
-                itself = path if path in mapped.paths else os.path.realpath(path)
-                new = [other for other in new if other != itself]
+            new = self._new_since_last_look(rescan, path)
         except Exception as error:
             self.tracer.internal_error("listing mapped objects", error)
             return ""
@@ -198,5 +197,37 @@ class NativeLoads:
             return ""
         fields["mapped"] = new
         return f"; mapped {len(new)} new: {', '.join(new)}"
+
+    def _new_since_last_look(self, rescan: bool, path: str) -> list[str]:
+        """What the loader's list gained, once the program has ctypes; else what the maps gained."""
+        loaded = self._loaded
+        if loaded:
+            try:
+                return loaded.added(path)
+            except Exception:
+                # The maps again: their last look is older, so a listing may repeat some, never miss one.
+                self._loaded = False
+                raise
+        mapped = self._mapped()
+        if not rescan:
+            mapped.note(path)
+            new = []
+        else:
+            new = mapped.rescan()
+        if new:
+            # Maps names the file itself by its real path; resolve only a path it does not list.
+            itself = path if path in mapped.paths else os.path.realpath(path)
+            new = [other for other in new if other != itself]
+        return new
+
+    def _start_loaded(self) -> None:
+        """Read the loader's list from the load about to begin, if the program has imported ctypes."""
+        ctypes = sys.modules.get("ctypes")
+        if ctypes is None or getattr(getattr(ctypes, "__spec__", None), "_initializing", False):
+            return  # not yet; ctypes's own import loads _ctypes before it defines what we need
+        try:
+            self._loaded = LoadedObjects(ctypes)  # what is loaded now is its baseline
+        except Exception:  # no dl_iterate_phdr, a ctypes that is not the standard one, ...
+            self._loaded = False
 
     load = as_importlib_frame(load)

@@ -300,11 +300,12 @@ class Watcher:
     def _after_native_end(self, event: Event) -> None:
         # The baseline for "mapped since the load in flight began": what was mapped when the
         # watcher started, plus what every load since has said it mapped. Told by the program
-        # itself, it cannot race the next dlopen the way a fresh read of the maps would.
+        # itself, it cannot race the next dlopen the way a fresh read of the maps would. The maps
+        # name files by their real paths; the program may have listed them as the loader found them.
         self.mapped_before[os.path.realpath(event.name)] = None
         _, found, listing = event.text.partition(" new: ")
         if found and "; mapped " in event.text:
-            self.mapped_before.update(dict.fromkeys(listing.split(", ")))
+            self.mapped_before.update(dict.fromkeys(os.path.realpath(path) for path in listing.split(", ")))
 
     def _in_flight(self) -> dict[str, list[Step]]:
         return {name: stack for name, stack in self.stacks.items() if stack}
