@@ -227,7 +227,7 @@ def _runtimes_in(directory: str, origin: str) -> list[Runtime]:
         return []
     best: dict[int | None, str] = {}
     for name in names:
-        if library_stem(name) != "libcudart" or ".so" not in name:
+        if not name.startswith("libcudart") or library_stem(name) != "libcudart" or ".so" not in name:
             continue
         major = cuda_major(name)
         # The shortest versioned name is the soname the loader looks for (libcudart.so.12, not .12.1.105).

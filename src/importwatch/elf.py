@@ -24,6 +24,8 @@ _DT_NULL, _DT_NEEDED, _DT_STRTAB, _DT_STRSZ, _DT_SONAME, _DT_RPATH, _DT_RUNPATH 
 _MAX_DYNAMIC = 1 << 20
 _MAX_STRING = 1 << 16  # longer than any real library name or search path
 _PN_XNUM = 0xFFFF  # e_phnum's escape: the real count is in section header 0
+# os.fsdecode's own arguments, looked up once: it runs for every name, in the hot path of a load.
+_FS_ENCODING, _FS_ERRORS = sys.getfilesystemencoding(), sys.getfilesystemencodeerrors()
 
 
 class DynamicInfo:
@@ -86,11 +88,11 @@ def _number(data: bytes, offset: int, size: int, order: str) -> int:
     return int.from_bytes(field, order)
 
 
-def _words(data: bytes, size: int, order: str) -> Sequence[int]:
-    """DATA as unsigned SIZE-byte words; a memoryview cast when the byte order is this machine's."""
+def _words(data: bytes, size: int, order: str) -> list[int]:
+    """DATA as a list of unsigned SIZE-byte words, converted in C when the byte order is this machine's."""
     data = data[: len(data) - len(data) % size]
     if order == sys.byteorder:
-        return memoryview(data).cast("Q" if size == 8 else "I")
+        return memoryview(data).cast("Q" if size == 8 else "I").tolist()
     return [int.from_bytes(data[index : index + size], order) for index in range(0, len(data), size)]
 
 
@@ -136,44 +138,29 @@ def _read(fd: int) -> DynamicInfo | None:
         table = _pread(fd, table_size, phoff)
 
     # As words: p_type (with p_flags in ELF64), p_offset, p_vaddr, p_paddr, p_filesz, in both classes.
+    # Whole columns are sliced out at once: a loop over entries costs more, in the hot path of a load.
     fields = _words(table, word, order)
+    stride = phentsize // word
     type_shift = 32 if wide and order == "big" else 0  # where p_type lies in ELF64's first word
-    loads = []  # (vaddr, filesz, offset)
-    dynamic = None  # (offset, filesz)
-    for entry in range(0, len(fields), phentsize // word):
-        p_type = (fields[entry] >> type_shift) & 0xFFFFFFFF
-        if p_type == _PT_LOAD:
-            loads.append((fields[entry + 2], fields[entry + 4], fields[entry + 1]))
-        elif p_type == _PT_DYNAMIC and dynamic is None:
-            dynamic = (fields[entry + 1], fields[entry + 4])
-    if dynamic is None:
+    types = [(value >> type_shift) & 0xFFFFFFFF for value in fields[0::stride]]
+    if _PT_DYNAMIC not in types:
         return DynamicInfo()  # statically linked: it asks nothing of the dynamic linker
-    offset, size = dynamic
+    first = types.index(_PT_DYNAMIC) * stride
+    offset, size = fields[first + 1], fields[first + 4]
     if size > _MAX_DYNAMIC or size < 2 * word:
         raise _Corrupt
     words = _words(_pread(fd, size - size % (2 * word), offset), word, order)
 
-    needed: list[int] = []
-    soname = rpath = runpath = strtab = strsz = None
-    for index in range(0, len(words), 2):  # (d_tag, d_val) pairs
-        tag = words[index]
-        if tag == _DT_NULL:
-            break
-        value = words[index + 1]
-        if tag == _DT_NEEDED:
-            needed.append(value)
-        elif tag == _DT_STRTAB:
-            strtab = value
-        elif tag == _DT_STRSZ:
-            strsz = value
-        elif tag == _DT_SONAME:
-            soname = value
-        elif tag == _DT_RPATH:
-            rpath = value
-        elif tag == _DT_RUNPATH:
-            runpath = value
-    else:
-        raise _Corrupt  # every dynamic section ends with DT_NULL
+    # (d_tag, d_val) pairs up to DT_NULL, which ends every dynamic section.
+    tags, values = words[0::2], words[1::2]
+    if _DT_NULL not in tags:
+        raise _Corrupt
+    end = tags.index(_DT_NULL)
+    del tags[end:], values[end:]
+    needed = [value for tag, value in zip(tags, values) if tag == _DT_NEEDED]
+    last = dict(zip(tags, values))  # the tags read once each; the last one counts, as for the linker
+    soname, rpath, runpath = last.get(_DT_SONAME), last.get(_DT_RPATH), last.get(_DT_RUNPATH)
+    strtab, strsz = last.get(_DT_STRTAB), last.get(_DT_STRSZ)
     wanted = [*needed, *(value for value in (soname, rpath, runpath) if value is not None)]
     if not wanted:
         return DynamicInfo()
@@ -181,9 +168,10 @@ def _read(fd: int) -> DynamicInfo | None:
         raise _Corrupt
     # DT_STRTAB is an address in memory; the PT_LOAD segment holding it says where that is in the file.
     base = None
-    for vaddr, filesz, file_offset in loads:
-        if vaddr <= strtab < vaddr + filesz:
-            base = strtab - vaddr + file_offset
+    for entry in range(0, len(fields), stride):
+        vaddr, filesz = fields[entry + 2], fields[entry + 4]
+        if types[entry // stride] == _PT_LOAD and vaddr <= strtab < vaddr + filesz:
+            base = strtab - vaddr + fields[entry + 1]
             break
     if base is None:
         raise _Corrupt
@@ -217,12 +205,12 @@ class _Strings:
         if 0 <= start < len(self.block):
             end = self.block.find(b"\0", start)
             if end >= 0:
-                return os.fsdecode(self.block[start:end])
+                return self.block[start:end].decode(_FS_ENCODING, _FS_ERRORS)
         for size in (256, _MAX_STRING):  # a name is short; a search path may be long
             data = os.pread(self.fd, min(size, self.size - offset), self.base + offset)
             end = data.find(b"\0")
             if end >= 0:
-                return os.fsdecode(data[:end])
+                return data[:end].decode(_FS_ENCODING, _FS_ERRORS)
         raise _Corrupt
 
 

@@ -130,9 +130,8 @@ def as_importlib_frame(function: Callable, name: str | None = None) -> Callable:
     wrapper sits between them; under importlib's name it is stripped with them,
     so tracebacks read exactly as they do without importwatch.
     """
-    code = function.__code__.replace(co_filename=IMPORTLIB_FILENAME)
-    if name is not None:
-        code = code.replace(co_name=name)
+    code = function.__code__
+    code = code.replace(co_filename=IMPORTLIB_FILENAME, co_name=code.co_name if name is None else name)
     clone = types.FunctionType(
         code, function.__globals__, function.__name__, function.__defaults__, function.__closure__
     )
