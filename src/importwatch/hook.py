@@ -49,6 +49,7 @@ _PHASE_OF_FRAME = {
 }
 
 IMPORTLIB_FILENAME = _bootstrap._find_and_load.__code__.co_filename
+NEVER = float("inf")
 
 
 class Frame:
@@ -149,6 +150,9 @@ class Tracer:
         self.on_start: dict[str, Callable[[str], None]] = {}
         self.on_end: dict[str, Callable[[Any], None]] = {}
         self.on_progress: Callable[[float], None] | None = None
+        # From when a step's end must be told to on_progress: the watchdog keeps it (see
+        # Watchdog._tell_due). A comparison on every import instead of a call, which almost none need.
+        self.progress_due = NEVER
         # Called around steps that hold the GIL (a dlopen): the heartbeat cannot run then.
         self.on_gil_held: Callable[[Frame], None] | None = None
         self.on_gil_released: Callable[[Frame], None] | None = None
@@ -231,7 +235,7 @@ class Tracer:
                 else:  # an exception's text may need escaping
                     fields = {"name": name, "parent": parent, "ms": ms, "error": failure}
                     sink.event("import_end", f"{indent}< {shown} {ms:.3f} ms failed {failure}", fields)
-                if tracer.on_progress is not None:
+                if now >= tracer.progress_due and tracer.on_progress is not None:
                     tracer.on_progress(now)
             hook = on_end.get(name)
             if hook is not None:
@@ -276,7 +280,7 @@ class Tracer:
             stack.remove(frame)
         if frame.kind == "native" and self.on_gil_released is not None:
             self.on_gil_released(frame)
-        if self.on_progress is not None:
+        if now >= self.progress_due and self.on_progress is not None:
             self.on_progress(now)
         return now
 

@@ -16,6 +16,8 @@ import faulthandler
 import os
 import time
 
+from importwatch.hook import NEVER
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from importwatch.hook import Frame, Tracer
@@ -70,6 +72,7 @@ class Watchdog:
         self._running = True
         self._generation += 1
         self.tracer.on_progress = self._on_progress
+        self._tell_due()
         self.tracer.on_gil_held = self._guard
         self.tracer.on_gil_released = self._unguard
         self.tracer.on_deadline = self._step_begins
@@ -82,6 +85,7 @@ class Watchdog:
             self._disarm()
         self.wake()
         if self.tracer.on_progress == self._on_progress:
+            self.tracer.progress_due = NEVER
             self.tracer.on_progress = None
             self.tracer.on_gil_held = self.tracer.on_gil_released = self.tracer.on_deadline = None
 
@@ -124,6 +128,7 @@ class Watchdog:
             self._wake = self._new_wake()
         if in_child and self._running:
             self._stalled.clear()
+            self._tell_due()
             self._running = False
             self.start()  # threads do not survive a fork
 
@@ -183,6 +188,7 @@ class Watchdog:
         since, reports = self._stall(culprit, top)
         reports += 1
         self._stalled[culprit] = (top, since, reports)
+        self._tell_due()
         sink = self.sink
         lines = [self._chain_line(culprit, chains[culprit], now)]
         lines += [self._chain_line(i, c, now) for i, c in chains.items() if i != culprit]
@@ -270,12 +276,14 @@ class Watchdog:
                 pass
 
     def _on_progress(self, now: float) -> None:
-        """Called by the tracer at each step's end: say when a stalled thread moved on."""
+        """Called by the tracer at a step's end once it is due (see _tell_due): say when a stalled
+        thread moved on."""
         if not self._stalled and (self._armed_for is None or now < self._armed_for):
             return
         ident = _thread.get_ident()
         stalled = self._stalled.pop(ident, None)
         if stalled is not None:
+            self._tell_due()
             frame, since, _ = stalled
             self.sink.event(
                 "resumed",
@@ -284,7 +292,19 @@ class Watchdog:
             )
         elif self._armed_for is not None and now >= self._armed_for:
             self._armed_for = None  # faulthandler fired while the GIL was held
+            self._tell_due()
             self.sink.event("resumed", "RESUMED: progress again after the stall dumped above", {})
+
+    def _tell_due(self) -> None:
+        """Tell the tracer from when a step's end needs _on_progress, after each change of what it reads.
+
+        At once while a thread is stalled; once the armed deadline has passed (faulthandler may
+        have dumped while the GIL was held); never while nothing is armed. Set under the lock
+        from the state as it is then, so the last of two racing updates is also the latest.
+        """
+        with self._lock:
+            armed = self._armed_for
+            self.tracer.progress_due = 0.0 if self._stalled else (NEVER if armed is None else armed)
 
     def _guard(self, frame: Frame) -> None:
         """Before a dlopen: the heartbeat may not run again until it returns, so the C timer must be armed."""
@@ -316,6 +336,7 @@ class Watchdog:
         now = time.monotonic()
         if now >= armed:
             self._armed_for = None  # it fired while the GIL was held
+            self._tell_due()
             self.sink.event(
                 "resumed",
                 f"RESUMED after {now - frame.start:.1f} s: {frame.name} ended (stacks dumped above)",
@@ -353,9 +374,11 @@ class Watchdog:
             self.sink.warn(f"cannot arm faulthandler's timer: {error}")
             return
         self._armed_for = deadline
+        self._tell_due()
 
     def _disarm(self) -> None:
         with self._lock:
             if self._armed_for is not None:
                 faulthandler.cancel_dump_traceback_later()
                 self._armed_for = None
+                self._tell_due()
