@@ -29,6 +29,8 @@ _GRACE = 0.3
 # A stalled thread using at least this share of a CPU is busy, not stuck (seen over _LOOK seconds).
 _BUSY = 0.5
 _LOOK = 0.2
+# How long stop() waits for the heartbeat to end (it is woken first, so this is only a bound).
+_STOP_WAIT = 1.0
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -64,6 +66,8 @@ class Watchdog:
         self._next_look = 0.0  # when the heartbeat looks next, unless woken
         self._armed_for: float | None = None  # the deadline faulthandler is armed for
         self._stalled: dict[int, tuple[Frame, float, int]] = {}  # ident: frame, since, reports
+        self._gone: _thread.LockType | None = None  # released when the heartbeat has ended
+        self._heartbeat_ident = 0
 
     # -- life cycle ---------------------------------------------------------------
     def start(self) -> None:
@@ -76,18 +80,31 @@ class Watchdog:
         self.tracer.on_gil_held = self._guard
         self.tracer.on_gil_released = self._unguard
         self.tracer.on_deadline = self._step_begins
-        _thread.start_new_thread(self._heartbeat, (self._generation,))
+        self._gone = _thread.allocate_lock()  # held by the heartbeat until it has ended
+        self._gone.acquire()
+        _thread.start_new_thread(self._heartbeat, (self._generation, self._gone))
 
     def stop(self) -> None:
         with self._lock:
-            self._running = False
+            was_running, self._running = self._running, False
             self._generation += 1
             self._disarm()
         self.wake()
+        if was_running:
+            self._await_heartbeat()
         if self.tracer.on_progress == self._on_progress:
             self.tracer.progress_due = NEVER
             self.tracer.on_progress = None
             self.tracer.on_gil_held = self.tracer.on_gil_released = self.tracer.on_deadline = None
+
+    def _await_heartbeat(self) -> None:
+        """Let the woken heartbeat end before the interpreter finalises (stop() runs at exit): a
+        thread still starting, or waking, while Python shuts down can crash it (seen once on 3.9)."""
+        gone = self._gone
+        if gone is None or _thread.get_ident() == self._heartbeat_ident:
+            return
+        if gone.acquire(timeout=_STOP_WAIT):
+            gone.release()
 
     def _step_begins(self, timeout: float | None) -> None:
         """A step began (see Tracer.on_deadline) with its own threshold TIMEOUT, or the watchdog's.
@@ -126,6 +143,7 @@ class Watchdog:
         if in_child:
             self._lock = _thread.RLock()  # the heartbeat may have held it at the fork
             self._wake = self._new_wake()
+            self._gone = None  # the parent's heartbeat: no thread here will release it
         if in_child and self._running:
             self._stalled.clear()
             self._tell_due()
@@ -133,7 +151,14 @@ class Watchdog:
             self.start()  # threads do not survive a fork
 
     # -- the heartbeat ----------------------------------------------------------------
-    def _heartbeat(self, generation: int) -> None:
+    def _heartbeat(self, generation: int, gone: _thread.LockType) -> None:
+        try:
+            self._heartbeat_ident = _thread.get_ident()
+            self._beat(generation)
+        finally:
+            gone.release()
+
+    def _beat(self, generation: int) -> None:
         self.sink.name_thread("importwatch-heartbeat")  # so the watcher can tell it apart
         wake = self._wake
         pause = self.interval
