@@ -211,9 +211,8 @@ class NativeLoads:
         mapped = self._mapped()
         if not rescan:
             mapped.note(path)
-            new = []
-        else:
-            new = mapped.rescan()
+            return []
+        new = mapped.rescan()
         if new:
             # Maps names the file itself by its real path; resolve only a path it does not list.
             itself = path if path in mapped.paths else os.path.realpath(path)

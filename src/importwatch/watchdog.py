@@ -98,8 +98,12 @@ class Watchdog:
             self.tracer.on_gil_held = self.tracer.on_gil_released = self.tracer.on_deadline = None
 
     def _await_heartbeat(self) -> None:
-        """Let the woken heartbeat end before the interpreter finalises (stop() runs at exit): a
-        thread still starting, or waking, while Python shuts down can crash it (seen once on 3.9)."""
+        """Let the woken heartbeat end before the interpreter finalises (stop() runs at exit).
+
+        A thread still starting or waking while Python shuts down is a known way to crash it. A
+        SIGSEGV at exit was seen once on 3.9 and not reproduced; this was the one thread of ours
+        alive then. The wait costs about 0.7 ms at exit.
+        """
         gone = self._gone
         if gone is None or _thread.get_ident() == self._heartbeat_ident:
             return
