@@ -1,6 +1,6 @@
 """Tracing overhead: plain versus traced runs, alternating, medians and ratios.
 
-    python benchmarks/bench_overhead.py [--modules 4000] [--pairs 15] [--torch-pairs 15]
+    python benchmarks/bench_overhead.py [--modules 4000] [--pairs 15] [--torch-pairs 15] [--timeout-off]
 
 Three figures, as the README reports them:
 - a generated tree of small modules: microseconds per import added by tracing
@@ -8,13 +8,18 @@ Three figures, as the README reports them:
 - `python -c "import torch"` (when torch is installed): traced/plain ratio;
 - installed but off: the cost of the .pth line per interpreter start.
 Traced runs write every event to a log file and stderr to a file, as a job would.
-Uses the standard library only; each figure is a median over alternating pairs.
+Each comparison also splits the added time into user and system CPU (the
+children's rusage), which tells the kernel's side of the writes from the rest.
+With --timeout-off a third run joins each round, traced with IMPORTWATCH_TIMEOUT=0:
+no watchdog, so no second thread, whose cost to the program is then its own figure.
+Uses the standard library only; each figure is a median over alternating rounds.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -40,13 +45,25 @@ def make_tree(root: Path, count: int) -> str:
     return f"import bench_all  # {count} modules in {packages} packages"
 
 
-def run_once(code: str, env: dict[str, str], stderr_path: Path) -> float:
+class Run:
+    """One process: wall, user CPU and system CPU seconds."""
+
+    __slots__ = ("system", "user", "wall")
+
+    def __init__(self, wall: float, user: float, system: float) -> None:
+        self.wall, self.user, self.system = wall, user, system
+
+
+def run_once(code: str, env: dict[str, str], stderr_path: Path) -> Run:
     with open(stderr_path, "ab") as stderr:
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         began = time.perf_counter()
         subprocess.run(
             [sys.executable, "-c", code], env=env, stderr=stderr, stdout=subprocess.DEVNULL, check=True
         )
-        return time.perf_counter() - began
+        wall = time.perf_counter() - began
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return Run(wall, after.ru_utime - before.ru_utime, after.ru_stime - before.ru_stime)
 
 
 def median_interval(values: list[float]) -> tuple[float, float]:
@@ -60,23 +77,45 @@ def median_interval(values: list[float]) -> tuple[float, float]:
     return ordered[k], ordered[-k - 1]
 
 
-def compare(code: str, pairs: int, env: dict[str, str], workdir: Path) -> tuple[float, float, float]:
-    """Median plain and traced seconds, and the median of the per-pair ratios."""
+def compare(
+    code: str, rounds: int, env: dict[str, str], workdir: Path, timeout_off: bool = False
+) -> tuple[float, float, float]:
+    """Median plain and traced seconds, and the median of the per-round ratios traced/plain."""
     plain_env = {k: v for k, v in env.items() if not k.startswith("IMPORTWATCH")}
     traced_env = dict(plain_env, IMPORTWATCH="1", IMPORTWATCH_LOG=str(workdir / "trace.log"))
-    run_once(code, plain_env, workdir / "plain.err")  # warm the page cache and bytecode caches
-    run_once(code, traced_env, workdir / "traced.err")
-    plain, traced = [], []
-    for _ in range(pairs):
-        plain.append(run_once(code, plain_env, workdir / "plain.err"))
-        traced.append(run_once(code, traced_env, workdir / "traced.err"))
-        (workdir / "trace.log").unlink(missing_ok=True)
-    ratios = [t / p for t, p in zip(traced, plain)]
+    arms = {"plain": plain_env, "traced": traced_env}
+    if timeout_off:
+        arms["traced, no watchdog"] = dict(traced_env, IMPORTWATCH_TIMEOUT="0")
+    for name, arm_env in arms.items():  # warm the page cache and bytecode caches
+        run_once(code, arm_env, workdir / f"{name}.err")
+    runs: dict[str, list[Run]] = {name: [] for name in arms}
+    for _ in range(rounds):
+        for name, arm_env in arms.items():
+            runs[name].append(run_once(code, arm_env, workdir / f"{name}.err"))
+            (workdir / "trace.log").unlink(missing_ok=True)
+    plain = runs["plain"]
     # The fastest runs are the least disturbed by a shared machine; reported beside the medians.
-    print(f"  (fastest runs: plain {min(plain) * 1000:.1f} ms, traced {min(traced) * 1000:.1f} ms)")
-    low, high = median_interval(ratios)
-    print(f"  (per-pair ratios: 95% confidence interval of their median {low:.3f} to {high:.3f})")
-    return statistics.median(plain), statistics.median(traced), statistics.median(ratios)
+    fastest = ", ".join(f"{name} {min(r.wall for r in arm) * 1000:.1f} ms" for name, arm in runs.items())
+    print(f"  (fastest runs: {fastest})")
+    for name, arm in runs.items():
+        if name == "plain":
+            continue
+        ratios = [t.wall / p.wall for t, p in zip(arm, plain)]
+        low, high = median_interval(ratios)
+        user = statistics.median((t.user - p.user) * 1000 for t, p in zip(arm, plain))
+        system = statistics.median((t.system - p.system) * 1000 for t, p in zip(arm, plain))
+        print(
+            f"  ({name}/plain {statistics.median(ratios):.3f}, 95% confidence interval of the median {low:.3f} to"
+        )
+        print(
+            f"   {high:.3f}; CPU added per run, medians of the differences: user {user:+.1f} ms, system {system:+.1f} ms)"
+        )
+    traced = runs["traced"]
+    return (
+        statistics.median(r.wall for r in plain),
+        statistics.median(r.wall for r in traced),
+        statistics.median(t.wall / p.wall for t, p in zip(traced, plain)),
+    )
 
 
 def pth_cost() -> float:
@@ -97,6 +136,9 @@ def main() -> None:
     parser.add_argument("--modules", type=int, default=4000)
     parser.add_argument("--pairs", type=int, default=15)
     parser.add_argument("--torch-pairs", type=int, default=15)
+    parser.add_argument(
+        "--timeout-off", action="store_true", help="add a third run per round: traced, IMPORTWATCH_TIMEOUT=0"
+    )
     args = parser.parse_args()
     print(f"python {sys.version.split()[0]} at {sys.executable}")
     with tempfile.TemporaryDirectory() as tmp:
@@ -106,7 +148,7 @@ def main() -> None:
         code = make_tree(tree, args.modules)
         # Bytecode caches written as in a normal installation, for the program and for importwatch.
         env = dict(os.environ, PYTHONPATH=str(tree), PYTHONDONTWRITEBYTECODE="")
-        plain, traced, ratio = compare(code, args.pairs, env, workdir)
+        plain, traced, ratio = compare(code, args.pairs, env, workdir, args.timeout_off)
         imports = args.modules + (args.modules + 49) // 50 + 1
         per_import = (traced - plain) / imports * 1e6
         print(f"module tree: {imports} imports, plain {plain * 1000:.1f} ms, traced {traced * 1000:.1f} ms")
@@ -118,7 +160,11 @@ def main() -> None:
         )
         if has_torch and args.torch_pairs:
             plain, traced, ratio = compare(
-                "import torch", args.torch_pairs, dict(os.environ, PYTHONDONTWRITEBYTECODE=""), workdir
+                "import torch",
+                args.torch_pairs,
+                dict(os.environ, PYTHONDONTWRITEBYTECODE=""),
+                workdir,
+                args.timeout_off,
             )
             print(f"import torch: plain {plain * 1000:.0f} ms, traced {traced * 1000:.0f} ms")
             print(f"  traced/plain {ratio:.3f} (median of {args.torch_pairs} pairs)")
