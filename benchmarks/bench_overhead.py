@@ -27,6 +27,7 @@ import tempfile
 import time
 import timeit
 from pathlib import Path
+from typing import NamedTuple
 
 
 def make_tree(root: Path, count: int) -> str:
@@ -45,13 +46,12 @@ def make_tree(root: Path, count: int) -> str:
     return f"import bench_all  # {count} modules in {packages} packages"
 
 
-class Run:
+class Run(NamedTuple):
     """One process: wall, user CPU and system CPU seconds."""
 
-    __slots__ = ("system", "user", "wall")
-
-    def __init__(self, wall: float, user: float, system: float) -> None:
-        self.wall, self.user, self.system = wall, user, system
+    wall: float
+    user: float
+    system: float
 
 
 def run_once(code: str, env: dict[str, str], stderr_path: Path) -> Run:
@@ -97,24 +97,21 @@ def compare(
     # The fastest runs are the least disturbed by a shared machine; reported beside the medians.
     fastest = ", ".join(f"{name} {min(r.wall for r in arm) * 1000:.1f} ms" for name, arm in runs.items())
     print(f"  (fastest runs: {fastest})")
-    for name, arm in runs.items():
-        if name == "plain":
-            continue
-        ratios = [t.wall / p.wall for t, p in zip(arm, plain)]
-        low, high = median_interval(ratios)
-        user = statistics.median((t.user - p.user) * 1000 for t, p in zip(arm, plain))
-        system = statistics.median((t.system - p.system) * 1000 for t, p in zip(arm, plain))
+    ratios = {name: [t.wall / p.wall for t, p in zip(arm, plain)] for name, arm in runs.items()}
+    for name in list(arms)[1:]:
+        low, high = median_interval(ratios[name])
+        user = statistics.median((t.user - p.user) * 1000 for t, p in zip(runs[name], plain))
+        system = statistics.median((t.system - p.system) * 1000 for t, p in zip(runs[name], plain))
         print(
-            f"  ({name}/plain {statistics.median(ratios):.3f}, 95% confidence interval of the median {low:.3f} to"
+            f"  ({name}/plain {statistics.median(ratios[name]):.3f}, 95% interval of the median {low:.3f}-{high:.3f};"
         )
         print(
-            f"   {high:.3f}; CPU added per run, medians of the differences: user {user:+.1f} ms, system {system:+.1f} ms)"
+            f"   CPU added per run, medians of the differences: user {user:+.1f} ms, system {system:+.1f} ms)"
         )
-    traced = runs["traced"]
     return (
         statistics.median(r.wall for r in plain),
-        statistics.median(r.wall for r in traced),
-        statistics.median(t.wall / p.wall for t, p in zip(traced, plain)),
+        statistics.median(r.wall for r in runs["traced"]),
+        statistics.median(ratios["traced"]),
     )
 
 
