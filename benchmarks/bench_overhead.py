@@ -89,8 +89,11 @@ def compare(
     for name, arm_env in arms.items():  # warm the page cache and bytecode caches
         run_once(code, arm_env, workdir / f"{name}.err")
     runs: dict[str, list[Run]] = {name: [] for name in arms}
-    for _ in range(rounds):
-        for name, arm_env in arms.items():
+    for index in range(rounds):
+        order = list(arms.items())
+        if index % 2:
+            order.reverse()  # no arm always runs right after another
+        for name, arm_env in order:
             runs[name].append(run_once(code, arm_env, workdir / f"{name}.err"))
             (workdir / "trace.log").unlink(missing_ok=True)
     plain = runs["plain"]
