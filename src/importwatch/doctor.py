@@ -18,7 +18,7 @@ import sys
 import tempfile
 import time
 
-from importwatch import __version__, banner, cuda, scan
+from importwatch import __version__, banner, cuda, dists, scan
 from importwatch.events import parse_line
 from importwatch.usage import UsageError, argument_parser, fail
 
@@ -580,6 +580,7 @@ def diagnose(
         if torch is not None and torch.cuda and lib.major is not None:
             fix += f" (or install the torch built for CUDA {lib.major})"
         _problem(problems, text, fix)
+    report["scan"]["metadata"] = _metadata_problems(problems, result, torch)
     for text in cuda.driver_verdicts(torch, driver):
         _problem(problems, text, "upgrade the NVIDIA driver, or install a torch built for an older CUDA")
     visible = environ.get("CUDA_VISIBLE_DEVICES")
@@ -616,6 +617,23 @@ def diagnose(
     report["problems"] = problems
     report["ok"] = not problems
     return report
+
+
+def _metadata_problems(problems: list[dict], result: scan.ScanResult, torch: TorchFacts | None) -> list[str]:
+    """What the distributions owning the scanned libraries pin, against torch and against each other."""
+    owned = dists.owning_dists(lib.path for lib in result.libraries if not lib.is_runtime)
+    found = []
+    for dist in owned:
+        text = dists.verdict(dist, torch)
+        if text:
+            found.append(text)
+            problem, _, fix = text.rpartition(": ")
+            _problem(problems, problem, fix)
+    for text in dists.disagreements(owned):
+        found.append(text)
+        problem, _, fix = text.rpartition(": ")
+        _problem(problems, f"{problem}: {fix}", "install the releases of them built for one torch")
+    return found
 
 
 def _gib(value: int | None) -> str:
@@ -667,6 +685,8 @@ def render(report: dict) -> str:
         )
     for mismatch in found["mismatches"]:
         lines.append(f"  MISMATCH {mismatch['text']}")
+    for text in found.get("metadata", []):
+        lines.append(f"  MISMATCH {text}")
 
     lines += ["", "imports"]
     if not report["imports"]:

@@ -12,6 +12,7 @@ import _frozen_importlib_external as _external
 import os
 import sys
 
+from importwatch import dists
 from importwatch.cuda import driver_version, explain_load_error, find_torch, native_verdicts
 from importwatch.elf import cuda_needs, read_dynamic
 from importwatch.hook import as_importlib_frame
@@ -52,6 +53,7 @@ class NativeLoads:
         self._ctypes: Any = None
         self._ctypes_dlopen: Callable | None = None
         self._facts: tuple[TorchFacts | None, str | None] | None = None
+        self._owners: dists.Owners | None = None  # which distribution installed a file, from RECORDs
         self._objects: MappedObjects | None = None
         # The loader's own list, once the program has imported ctypes: False where it cannot be read.
         self._loaded: LoadedObjects | bool | None = None
@@ -147,7 +149,7 @@ class NativeLoads:
         if self._loaded is None:
             self._start_loaded()
         try:
-            if needs:
+            if needs or (info is not None and dists.torch_links(info.needed)):
                 self._say_verdicts(frame, path, info)
             if info is None or self._loaded:  # the loader's counters make a look cheap
                 return True
@@ -166,6 +168,14 @@ class NativeLoads:
     def _say_verdicts(self, frame: Frame, path: str, info: DynamicInfo) -> None:
         torch, driver = self.torch_facts()
         verdicts = native_verdicts(path, info, torch, driver)
+        if torch is not None:
+            # What the owner's metadata says (the torch it was built for) is the decisive fact: first.
+            if self._owners is None:
+                self._owners = dists.Owners()
+            owner = self._owners.owner(path)
+            said = dists.verdict(owner, torch) if owner is not None else None
+            if said:
+                verdicts.insert(0, said)
         for verdict in verdicts:
             self.sink.event("verdict", f"! {verdict}", {"path": path, "verdict": verdict})
         if verdicts:
