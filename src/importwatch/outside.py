@@ -103,7 +103,16 @@ def _read(path: str, limit: int = 1 << 16) -> bytes | None:
     except OSError:
         return None
     try:
-        return os.read(fd, limit)
+        # /proc files such as maps, locks and net/tcp give about a page per read: read to the end.
+        chunks = []
+        size = 0
+        while size < limit:
+            chunk = os.read(fd, limit - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        return b"".join(chunks)
     except OSError:
         return None
     finally:
