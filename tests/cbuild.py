@@ -1,5 +1,5 @@
 """Build test fixtures: C shared libraries and CPython extensions compiled into a temporary folder,
-and stand-in torch packages laid out like the real one."""
+and stand-in torch packages and distributions (.dist-info) laid out like the real ones."""
 
 from __future__ import annotations
 
@@ -114,3 +114,18 @@ def stand_in_torch(root: Path, version: str, cuda: str | None, *, hip: str | Non
         "xpu: Optional[str] = None\n"
     )
     return package
+
+
+def dist_info(site: Path, name: str, version: str, requires: list[str], files: list[Path]) -> Path:
+    """SITE/NAME-VERSION.dist-info as pip leaves it: METADATA (Name, Version, each Requires-Dist) and a
+    RECORD that lists FILES and itself."""
+    folder = site / f"{name.replace('-', '_')}-{version}.dist-info"
+    folder.mkdir(parents=True, exist_ok=True)
+    headers = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
+    headers += [f"Requires-Dist: {requirement}" for requirement in requires]
+    # A description that mentions torch pins must not be read as headers.
+    (folder / "METADATA").write_text("\n".join(headers) + "\n\nRequires-Dist: torch==0.0.1 in prose\n")
+    rows = [f"{path.relative_to(site)},sha256=x,1" for path in files]
+    rows += [f"{(folder / name).relative_to(site)},," for name in ("METADATA", "RECORD")]
+    (folder / "RECORD").write_text("\n".join(rows) + "\n")
+    return folder

@@ -16,26 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from cbuild import FIXTURES, compile_extension, compile_shared, stand_in_torch
+from cbuild import FIXTURES, compile_extension, compile_shared, dist_info, stand_in_torch
 from conftest import clean_env
 from importwatch import dists
 
 CUDA = FIXTURES / "cuda"
 TORCHVISION_WHEEL = "torchvision==0.22.1"
-
-
-def dist_info(site: Path, name: str, version: str, requires: list[str], files: list[Path]) -> Path:
-    """SITE/NAME-VERSION.dist-info with METADATA and a RECORD that lists FILES (and itself)."""
-    folder = site / f"{name.replace('-', '_')}-{version}.dist-info"
-    folder.mkdir(parents=True, exist_ok=True)
-    headers = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
-    headers += [f"Requires-Dist: {requirement}" for requirement in requires]
-    # A description that mentions torch pins must not be read as headers.
-    (folder / "METADATA").write_text("\n".join(headers) + "\n\nRequires-Dist: torch==0.0.1 in prose\n")
-    rows = [f"{path.relative_to(site)},sha256=x,1" for path in files]
-    rows += [f"{(folder / name).relative_to(site)},," for name in ("METADATA", "RECORD")]
-    (folder / "RECORD").write_text("\n".join(rows) + "\n")
-    return folder
 
 
 def run(*args: str, path: Path, timeout: float = 60, **env: str) -> subprocess.CompletedProcess:

@@ -16,13 +16,15 @@ EXIT_OK = 0
 EXIT_PROBLEM = 1
 
 
-SUBCOMMANDS = ("doctor", "bisect", "report")
+SUBCOMMANDS = ("doctor", "bisect", "report", "inspect")
+# A subcommand whose module is not named after it (a module named inspect would shadow the stdlib's).
+_MODULES = {"inspect": "inspect_process"}
 
 USAGE = """\
 usage: importwatch [OPTIONS] SCRIPT [ARGS...]
        importwatch [OPTIONS] -m MODULE [ARGS...]
        importwatch [OPTIONS] -c CODE [ARGS...]
-       importwatch doctor|bisect|report ...   (see importwatch COMMAND --help)
+       importwatch doctor|bisect|report|inspect ...   (see importwatch COMMAND --help)
 
 Run a Python program as python would, logging the start and end of every import
 and native library load, flushed, and dumping every thread's stack when an
@@ -126,8 +128,8 @@ def _run(options: dict, target: Target) -> int:
 
 
 def _subcommand(name: str, args: list[str]) -> int:
-    """doctor, bisect and report live in their own modules, imported only when asked for."""
+    """doctor, bisect, report and inspect live in their own modules, imported only when asked for."""
     import importlib
 
-    module = importlib.import_module(f"importwatch.{name}")
+    module = importlib.import_module(f"importwatch.{_MODULES.get(name, name)}")
     return module.main(args)

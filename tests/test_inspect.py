@@ -1,0 +1,363 @@
+"""importwatch inspect PID: real processes started without importwatch and left hung, inspected from outside.
+
+Each case runs with gdb, with py-spy alone (a PATH without gdb), and with no
+helper at all (an empty PATH), as far as this machine has them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cbuild import FIXTURES, compile_extension, compile_shared, dist_info, stand_in_torch
+from conftest import clean_env
+
+HANG = FIXTURES / "hang"
+OUTSIDE = FIXTURES / "outside"
+CUDA = FIXTURES / "cuda"
+GDB = shutil.which("gdb")
+PYSPY = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or shutil.which("py-spy")
+
+DEADLOCK = """\
+import sys, threading, time
+held = threading.Lock()
+held.acquire()
+# The loader thread imports lockedmod, whose code waits for `held`; this thread holds `held` and
+# then imports lockedmod too: it waits for the module's import lock, held by the loader.
+threading.Thread(target=lambda: __import__("lockedmod"), name="loader").start()
+time.sleep(0.3)
+import lockedmod
+"""
+LOCKED = "import __main__\n__main__.held.acquire()\n"
+READER = "import sys\nname = sys.stdin.readline().strip()\nprint('hello', name, flush=True)\n"
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A site with a stand-in torch 2.3.1+cu121, an extension built for CUDA 11 and torch 2.1.0 whose
+    constructor blocks, one whose PyInit blocks, and the modules of a deadlock."""
+    out = tmp_path_factory.mktemp("inspect")
+    site = out / "site"
+    torch = stand_in_torch(site, "2.3.1+cu121", "12.1")
+    libc10 = compile_shared(CUDA / "dep.c", torch / "lib" / "libc10.so", soname="libc10.so")
+    cuda11 = compile_shared(
+        CUDA / "cudart_standin.c", out / "cuda11" / "libcudart.so.11.0", soname="libcudart.so.11.0"
+    )
+    wedged = compile_extension(HANG / "blocking_ext.c", site, "fastkern._kernels", libs=[cuda11, libc10])
+    dist_info(site, "fastkern", "1.4.0+cu118", ["numpy", "torch==2.1.0"], [wedged])
+    compile_extension(OUTSIDE / "init_ext.c", site, "slowinit._core")
+    (site / "lockedmod.py").write_text(LOCKED)
+    (site / "deadlock.py").write_text(DEADLOCK)
+    (site / "reader.py").write_text(READER)
+    return site
+
+
+@pytest.fixture
+def spawn(site: Path):
+    """spawn(ARGS) starts `python ARGS` without importwatch, in its own session; killed after the test."""
+    started: list[subprocess.Popen] = []
+
+    def _spawn(*args: str, stdin=subprocess.DEVNULL) -> subprocess.Popen:
+        process = subprocess.Popen(
+            [sys.executable, *args],
+            stdin=stdin,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=clean_env(PYTHONPATH=str(site)),
+            cwd=site,
+            start_new_session=True,
+        )
+        started.append(process)
+        return process
+
+    yield _spawn
+    for process in started:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=30)
+
+
+def tools(tmp_path: Path, *names: str) -> str:
+    """A PATH holding only the named helpers (an empty folder when none)."""
+    folder = tmp_path / f"bin-{'-'.join(names) or 'none'}"
+    folder.mkdir(exist_ok=True)
+    for name in names:
+        found = PYSPY if name == "py-spy" else shutil.which(name)
+        assert found is not None
+        if not (folder / name).exists():
+            (folder / name).symlink_to(found)
+    return str(folder)
+
+
+def inspect(pid: int, *args: str, path: str | None = None) -> subprocess.CompletedProcess:
+    env = clean_env()
+    if path is not None:
+        env["PATH"] = path
+    return subprocess.run(
+        [sys.executable, "-m", "importwatch", "inspect", str(pid), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def inspect_until(pid: int, wanted: str, *args: str, path: str | None = None) -> subprocess.CompletedProcess:
+    """Inspect until the report says WANTED (the process reaches its hang), for at most 60 s."""
+    deadline = time.monotonic() + 60
+    while True:
+        done = inspect(pid, *args, path=path)
+        if wanted in done.stdout or time.monotonic() > deadline:
+            return done
+        time.sleep(0.5)
+
+
+def wait_for_mapping(pid: int, name: str) -> None:
+    deadline = time.monotonic() + 60
+    while name not in Path(f"/proc/{pid}/maps").read_text():
+        assert time.monotonic() < deadline, f"{name} never mapped in {pid}"
+        time.sleep(0.1)
+
+
+def python_frames_read(out: str) -> bool:
+    return "could not read Python's frames" not in out
+
+
+# -- a constructor that blocks inside dlopen, with the GIL held ---------------------------------------
+@pytest.mark.skipif(GDB is None, reason="gdb is not installed")
+@pytest.mark.timeout(180)
+def test_wedged_constructor_with_gdb_names_chain_file_and_verdicts(spawn, site: Path, tmp_path: Path) -> None:
+    process = spawn("-c", "import json\nimport fastkern._kernels")
+    wait_for_mapping(process.pid, "_kernels")
+    done = inspect_until(process.pid, "its constructor runs, inside dlopen", path=tools(tmp_path, "gdb"))
+    out = done.stdout
+    assert done.returncode == 1, out + done.stderr
+    assert f"process     {process.pid}: {sys.executable} -c " in out
+    assert "python      " + ".".join(map(str, sys.version_info[:3])) in out
+    assert "last CPU    " in out and "started     " in out
+    assert "torch       2.3.1+cu121 (built for CUDA 12.1)" in out
+    assert "stacks      read with gdb" in out
+    kernels = next(site.glob("fastkern/_kernels*.so"))
+    assert f"loading module fastkern._kernels, {kernels} (its constructor runs, inside dlopen" in out
+    assert "block_in_constructor from " in out  # the native frame that blocks
+    if python_frames_read(out):
+        assert "import in flight: fastkern._kernels" in out
+    # The shared object's facts: what it needs against this torch, and what its distribution pins.
+    assert f"  {kernels} (from fastkern 1.4.0+cu118): needs libcudart.so.11.0, libc10.so" in out
+    assert (
+        "! fastkern 1.4.0+cu118 requires torch==2.1.0 but torch 2.3.1+cu121 is installed: "
+        "install the fastkern release built for torch 2.3.1"
+    ) in out
+    assert "needs libcudart.so.11.0 (CUDA 11) but torch 2.3.1 is built for CUDA 12.1" in out
+    assert "hangs in import fastkern._kernels" in out or "hangs loading " in out
+    # The rerun under importwatch, from the program's own folder and command line.
+    assert f"cd {site} && {sys.executable} -m importwatch -c " in out
+    assert f"cd {site} && IMPORTWATCH=1 {sys.executable} -c " in out
+    # Nothing was changed: the process still waits where it waited.
+    assert process.poll() is None
+    assert "pause" in Path(f"/proc/{process.pid}/wchan").read_text()
+
+
+@pytest.mark.skipif(PYSPY is None, reason="py-spy is not installed (pip install py-spy)")
+@pytest.mark.timeout(180)
+def test_wedged_constructor_with_py_spy_and_no_gdb(spawn, site: Path, tmp_path: Path) -> None:
+    process = spawn("-c", "import fastkern._kernels")
+    wait_for_mapping(process.pid, "_kernels")
+    done = inspect_until(process.pid, '"initialising"', "--json", path=tools(tmp_path, "py-spy"))
+    assert done.returncode == 1, done.stdout + done.stderr
+    report = json.loads(done.stdout)
+    assert report["tool"] == "py-spy"
+    (thread,) = report["threads"]
+    assert thread["chain"] == ["fastkern._kernels"]
+    assert thread["name"] == "MainThread"
+    assert thread["verdict"] == "waiting"
+    assert thread["load"]["module"] == "fastkern._kernels"
+    assert any("_find_and_load (<frozen importlib._bootstrap>:" in frame for frame in thread["python"])
+    (library,) = report["libraries"]
+    assert library["distribution"] == "fastkern 1.4.0+cu118"
+    assert library["needs"] == ["libcudart.so.11.0"] and library["torch_links"] == ["libc10.so"]
+    assert any(
+        problem.startswith("! fastkern 1.4.0+cu118 requires torch==2.1.0") for problem in report["problems"]
+    )
+
+
+@pytest.mark.skipif(PYSPY is None or GDB is None, reason="needs both py-spy and gdb")
+@pytest.mark.timeout(180)
+def test_with_both_helpers_py_spy_reads_python_and_gdb_the_native_frames(
+    spawn, site: Path, tmp_path: Path
+) -> None:
+    process = spawn("-c", "import fastkern._kernels")
+    wait_for_mapping(process.pid, "_kernels")
+    done = inspect_until(process.pid, '"initialising"', "--json", path=tools(tmp_path, "py-spy", "gdb"))
+    report = json.loads(done.stdout)
+    assert report["tool"] == "py-spy, gdb"
+    (thread,) = report["threads"]
+    assert thread["chain"] == ["fastkern._kernels"]
+    assert any(frame.startswith("#1 block_in_constructor from ") for frame in thread["native"])
+    assert thread["load"]["how"] == "its constructor runs, inside dlopen"
+    assert thread["load"]["source"] == "its native stack"
+    no_native = inspect(process.pid, "--json", "--no-native", path=tools(tmp_path, "py-spy", "gdb"))
+    report = json.loads(no_native.stdout)
+    assert report["tool"] == "py-spy" and report["threads"][0]["native"] == []
+    assert report["threads"][0]["chain"] == ["fastkern._kernels"]
+
+
+@pytest.mark.timeout(180)
+def test_wedged_constructor_without_any_helper_is_named_from_the_stack_memory(
+    spawn, site: Path, tmp_path: Path
+) -> None:
+    process = spawn("-c", "import fastkern._kernels")
+    wait_for_mapping(process.pid, "_kernels")
+    done = inspect_until(process.pid, "loading module", path=tools(tmp_path))
+    out = done.stdout
+    assert done.returncode == 1, out + done.stderr
+    assert "stacks      not read" in out
+    kernels = next(site.glob("fastkern/_kernels*.so"))
+    assert (
+        f"loading module fastkern._kernels, {kernels} (its constructor runs, inside dlopen; from the libraries on its stack"
+        in out
+    )
+    assert "no stacks: neither gdb nor py-spy is installed; install one" in out
+    assert "! fastkern 1.4.0+cu118 requires torch==2.1.0" in out
+
+
+# -- PyInit that blocks after dlopen -------------------------------------------------------------------
+@pytest.mark.skipif(GDB is None, reason="gdb is not installed")
+@pytest.mark.timeout(180)
+def test_blocking_pyinit_is_told_from_a_blocking_constructor(spawn, site: Path, tmp_path: Path) -> None:
+    process = spawn("-c", "import slowinit._core")
+    wait_for_mapping(process.pid, "_core")
+    done = inspect_until(process.pid, "PyInit__core runs", path=tools(tmp_path, "gdb"))
+    out = done.stdout
+    assert done.returncode == 1, out + done.stderr
+    core = next(site.glob("slowinit/_core*.so"))
+    assert f"loading module slowinit._core, {core} (its PyInit__core runs, after dlopen" in out
+    assert "its constructor runs" not in out
+    assert f"  {core}: needs no CUDA or torch library" in out
+
+
+# -- a module lock deadlock between two threads ---------------------------------------------------------
+def _deadlock_checks(report: dict, with_names: bool) -> None:
+    threads = {thread["tid"]: thread for thread in report["threads"]}
+    main = threads[report["pid"]]
+    (loader,) = [thread for tid, thread in threads.items() if tid != report["pid"]]
+    assert main["chain"] == ["lockedmod"] and main["lock"] == "lockedmod"
+    assert main["lock_holder"] == f"{loader['name']} (tid {loader['tid']})"
+    assert loader["chain"] == ["lockedmod"] and loader["lock"] is None
+    assert loader["doing"].startswith("running the module's code at <module> (")
+    assert "lockedmod.py" in loader["doing"]
+    if with_names:
+        assert loader["name"] == "loader"
+    problems = report["problems"]
+    assert any(
+        p.startswith(f"MainThread (tid {main['tid']}) hangs in import lockedmod")
+        and f"waiting for the import lock of lockedmod, held by {loader['name']}" in p
+        for p in problems
+    ), problems
+
+
+@pytest.mark.skipif(GDB is None, reason="gdb is not installed")
+@pytest.mark.timeout(180)
+def test_module_lock_deadlock_names_both_threads_with_gdb(spawn, tmp_path: Path) -> None:
+    process = spawn("deadlock.py")
+    done = inspect_until(process.pid, "held by", "--json", path=tools(tmp_path, "gdb"))
+    report = json.loads(done.stdout)
+    if not python_frames_read(" ".join(report["unseen"])):
+        pytest.skip("gdb cannot read this Python's frames (no debug symbols)")
+    assert done.returncode == 1, done.stdout
+    _deadlock_checks(report, with_names=False)
+
+
+@pytest.mark.skipif(PYSPY is None, reason="py-spy is not installed (pip install py-spy)")
+@pytest.mark.timeout(180)
+def test_module_lock_deadlock_names_both_threads_with_py_spy(spawn, tmp_path: Path) -> None:
+    process = spawn("deadlock.py")
+    done = inspect_until(process.pid, "held by", "--json", path=tools(tmp_path, "py-spy"))
+    assert done.returncode == 1, done.stdout
+    _deadlock_checks(json.loads(done.stdout), with_names=True)
+
+
+# -- a blocked read of stdin -----------------------------------------------------------------------------
+@pytest.mark.timeout(180)
+def test_blocked_read_of_stdin_is_named_and_the_process_runs_on_unchanged(spawn, tmp_path: Path) -> None:
+    process = spawn("reader.py", stdin=subprocess.PIPE)
+    paths = [None, tools(tmp_path)]
+    for path in paths:
+        done = inspect_until(process.pid, "waits for input on stdin", path=path)
+        assert done.returncode == 1, done.stdout + done.stderr
+        assert f"MainThread (tid {process.pid}) waits for input on stdin: a pipe" in done.stdout
+        assert f"also held by pid {os.getpid()}" in done.stdout  # the writer: this test
+    # Inspecting stopped nothing and sent nothing: the program reads its line and ends as usual.
+    out, _ = process.communicate(b"alice\n", timeout=30)
+    assert out == b"hello alice\n"
+    assert process.returncode == 0
+
+
+# -- nothing suspect, and bad usage -----------------------------------------------------------------------
+@pytest.mark.timeout(120)
+def test_a_sleeping_program_is_nothing_suspect(spawn) -> None:
+    process = spawn("-c", "import time\nprint('up', flush=True)\ntime.sleep(600)")
+    assert process.stdout is not None and process.stdout.readline() == b"up\n"
+    done = inspect(process.pid)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "verdict: nothing suspect" in done.stdout
+    assert "in clock_nanosleep: sleeping on a timer" in done.stdout or "sleeping" in done.stdout
+
+
+def _not_python() -> subprocess.Popen:
+    return subprocess.Popen(["sleep", "600"], start_new_session=True)
+
+
+@pytest.mark.timeout(60)
+def test_bad_usage_is_one_line_and_exit_2() -> None:
+    other = _not_python()
+    try:
+        cases = {
+            "abc": "inspect: 'abc' is not a process id",
+            "0": "inspect: '0' is not a process id",
+            "999999999": "inspect: no such process: 999999999",
+            str(other.pid): f"inspect: process {other.pid} (sleep 600) is not a Python process",
+        }
+        for arg, message in cases.items():
+            done = inspect(arg)  # type: ignore[arg-type]
+            assert done.returncode == 2, (arg, done.stderr)
+            assert done.stderr == f"importwatch: error: {message}\n"
+            assert done.stdout == ""
+        done = subprocess.run(
+            [sys.executable, "-m", "importwatch", "inspect"], capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 2 and done.stderr.count("\n") == 1 and "PID" in done.stderr
+    finally:
+        other.kill()
+        other.wait()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run inspect as another user")
+@pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs setpriv to run inspect as another user")
+@pytest.mark.timeout(60)
+def test_a_process_of_another_user_is_not_permitted(spawn) -> None:
+    process = spawn("-c", "import time\ntime.sleep(600)")
+    command = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    done = subprocess.run(
+        [*command, sys.executable, "-m", "importwatch", "inspect", str(process.pid)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd="/",
+    )
+    if "importwatch" not in done.stderr:
+        pytest.skip(f"this interpreter cannot run as another user here: {done.stderr.strip()[-200:]}")
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == (
+        f"importwatch: error: inspect: not permitted to read process {process.pid} (owned by root): "
+        "run inspect as that user, or as root\n"
+    )
