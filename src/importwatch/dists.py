@@ -53,19 +53,6 @@ def normalize(name: str) -> str:
     return "-".join(word for word in words if word)
 
 
-_TORCH_STEMS = ("libc10", "libtorch", "libshm", "libcaffe2")
-
-
-def torch_links(needed: Iterable[str]) -> list[str]:
-    """The torch libraries (libc10.so, libtorch_cpu.so, ...) among a shared object's DT_NEEDED names."""
-    found = []
-    for name in needed:
-        base = name.rsplit("/", 1)[-1]
-        if base.startswith(_TORCH_STEMS) and ".so" in base:
-            found.append(name)
-    return found
-
-
 # -- reading dist-info folders ------------------------------------------------------------
 def _read_text(path: str, limit: int) -> str | None:
     try:

@@ -8,13 +8,13 @@ after the file, so faulthandler's dump of the hung thread names it too.
 
 from __future__ import annotations
 
+import _frozen_importlib as _bootstrap
 import _frozen_importlib_external as _external
 import os
 import sys
 
-from importwatch import dists
 from importwatch.cuda import driver_version, explain_load_error, find_torch, native_verdicts
-from importwatch.elf import cuda_needs, read_dynamic
+from importwatch.elf import cuda_needs, library_stem, read_dynamic
 from importwatch.hook import as_importlib_frame
 from importwatch.loaded import LoadedObjects
 from importwatch.mapped import MappedObjects
@@ -26,6 +26,25 @@ if TYPE_CHECKING:
     from importwatch.cuda import TorchFacts
     from importwatch.elf import DynamicInfo
     from importwatch.hook import Frame, Tracer
+
+
+_TORCH = ("libc10", "libtorch", "libshm", "libcaffe2")  # torch's own libraries, by name stem
+
+
+def _dists() -> Any:
+    """importwatch.dists, loaded when a load first needs it (an extension that links torch or CUDA).
+
+    Not through the import system: the hook would log it as the program's import, in the middle
+    of the load; nor at start-up, which it would make 0.1 ms slower for every traced program.
+    """
+    module = sys.modules.get("importwatch.dists")
+    if module is None:
+        name, path = "importwatch.dists", os.path.join(os.path.dirname(__file__), "dists.py")
+        loader = _external.SourceFileLoader(name, path)
+        module = _bootstrap.module_from_spec(_bootstrap.spec_from_loader(name, loader))
+        loader.exec_module(module)  # it imports only os, already loaded
+        sys.modules[name] = module
+    return module
 
 
 def _call(function: Callable, *args: Any) -> Any:
@@ -53,7 +72,7 @@ class NativeLoads:
         self._ctypes: Any = None
         self._ctypes_dlopen: Callable | None = None
         self._facts: tuple[TorchFacts | None, str | None] | None = None
-        self._owners: dists.Owners | None = None  # which distribution installed a file, from RECORDs
+        self._owners: Any = None  # dists.Owners: which distribution installed a file, from RECORDs
         self._objects: MappedObjects | None = None
         # The loader's own list, once the program has imported ctypes: False where it cannot be read.
         self._loaded: LoadedObjects | bool | None = None
@@ -149,7 +168,7 @@ class NativeLoads:
         if self._loaded is None:
             self._start_loaded()
         try:
-            if needs or (info is not None and dists.torch_links(info.needed)):
+            if needs or (info is not None and any(library_stem(n).startswith(_TORCH) for n in info.needed)):
                 self._say_verdicts(frame, path, info)
             if info is None or self._loaded:  # the loader's counters make a look cheap
                 return True
@@ -170,6 +189,7 @@ class NativeLoads:
         verdicts = native_verdicts(path, info, torch, driver)
         if torch is not None:
             # What the owner's metadata says (the torch it was built for) is the decisive fact: first.
+            dists = _dists()
             if self._owners is None:
                 self._owners = dists.Owners()
             owner = self._owners.owner(path)
