@@ -554,12 +554,17 @@ def _gdb(stacks: Stacks, gdb: str, pid: int, native: bool, version: str | None, 
 
 
 def _pyspy(stacks: Stacks, pyspy: str, pid: int, native: bool) -> None:
-    command = [pyspy, "dump", "--pid", str(pid), "--locals"] + (["--native"] if native else [])
-    try:
-        out, err = _helper(command)
-    except (OSError, subprocess.SubprocessError) as error:
-        stacks.unseen.append(f"py-spy failed: {error}")
-        return
+    # Without native frames py-spy reads the memory without stopping the process at all; a hung
+    # process's frames hold still. Should that read come out torn (a busy process), it stops it.
+    tries = [["--native"]] if native else [["--nonblocking"], []]
+    for extra in tries:
+        try:
+            out, err = _helper([pyspy, "dump", "--pid", str(pid), "--locals", *extra])
+        except (OSError, subprocess.SubprocessError) as error:
+            stacks.unseen.append(f"py-spy failed: {error}")
+            return
+        if "\n    " in out:  # a frame line
+            break
     thread = None
     frames: list[Frame] = []
     section = ""
