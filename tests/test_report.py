@@ -119,23 +119,34 @@ def hung_program(folder: Path, native: bool) -> Path:
     return folder / "main.py"
 
 
-def run_until_stalled(script: Path, log: Path, wait_for: str) -> None:
-    """Run SCRIPT traced until WAIT_FOR is in the log, then kill it as a job scheduler would."""
-    command = [sys.executable, "-m", "importwatch", "--timeout", "0.5", "--log", str(log), str(script)]
+def run_until_stalled(script: Path, log: Path, wait_for: str, watcher: bool = False) -> int:
+    """Run SCRIPT traced until WAIT_FOR is in the log, then kill it as a job scheduler would.
+
+    With WATCHER, the watcher process runs beside it, and this returns once it has
+    written the death in the log. Returns the pid.
+    """
+    command = [sys.executable, "-m", "importwatch", "--timeout", "0.5", "--log", str(log)]
+    command += ["--watcher" if watcher else "--no-watcher", str(script)]
     process = subprocess.Popen(
         command, cwd=script.parent, env=clean_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     try:
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            if log.exists() and wait_for in log.read_text(errors="replace"):
-                break
-            time.sleep(0.05)
-        else:
-            pytest.fail(f"{wait_for!r} never appeared in the log")
+        wait_in_log(log, wait_for)
     finally:
         process.send_signal(signal.SIGKILL)
         process.wait()
+    if watcher:
+        wait_in_log(log, "died during import")
+    return process.pid
+
+
+def wait_in_log(log: Path, text: str, seconds: float = 20) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if log.exists() and text in log.read_text(errors="replace"):
+            return
+        time.sleep(0.05)
+    pytest.fail(f"{text!r} never appeared in the log")
 
 
 # -- a real run of the stdlib ------------------------------------------------------------------
@@ -210,6 +221,7 @@ def test_summary_names_the_import_in_flight_when_killed(tmp_path):
     run_until_stalled(hung_program(tmp_path / "prog", native=False), log, "STALL")
     out = report_ok(log)
     assert "still in flight when the log ends: hangpkg > hangpkg.slow\n" in out
+    assert "it hung there or was stopped there" in out
     assert "STALL" in out and "hangpkg.slow" in out.split("stall reports:")[1]
     importtime = parse_importtime(report_ok(log, "-f", "importtime"))
     unfinished = {name: parent for name, parent, *_, flag in importtime if flag}

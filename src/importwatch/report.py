@@ -3,12 +3,24 @@
 from __future__ import annotations
 
 import argparse
+import heapq
 import json
 import os
 import sys
 
-from importwatch.events import IMPORT, NATIVE
-from importwatch.timeline import LogError, Node, Process, Thread, import_children, load, place
+from importwatch.events import DIED, EXIT, IMPORT, NATIVE, SIGNAL, BadLine
+from importwatch.timeline import (
+    Ending,
+    LogError,
+    Node,
+    Process,
+    Skipped,
+    Thread,
+    Timeline,
+    import_children,
+    place,
+    read_events,
+)
 from importwatch.usage import UsageError, argument_parser, fail
 
 EXIT_OK = 0
@@ -73,15 +85,15 @@ def main(args: list[str]) -> int:
         return fail(f"unknown --format {options.format!r}; choose one of {', '.join(FORMATS)}")
     if options.min_ms < 0:
         return fail("--min-ms must be 0 or more")
+    skipped = Skipped()
     try:
-        processes = load(options.log)
+        processes, text = _read(options.log, options.format, options.min_ms, options.pid, skipped)
     except LogError as error:
         return fail(str(error))
-    if options.pid is not None:
-        processes = [process for process in processes if process.pid == options.pid]
-        if not processes:
-            return fail(f"{options.log} has no line from pid {options.pid}")
-    text = render(processes, options.format, options.min_ms, options.log)
+    if not processes:
+        return fail(f"{options.log} has no line from pid {options.pid}")
+    if skipped.count and options.format != "summary":  # the summary says it itself
+        _note(str(skipped))
     if options.output is None:
         sys.stdout.write(text)
         sys.stdout.flush()
@@ -94,8 +106,36 @@ def main(args: list[str]) -> int:
     return EXIT_OK
 
 
+def _read(
+    path: str, form: str, min_ms: float, pid: int | None, skipped: Skipped
+) -> tuple[list[Process], str]:
+    """The processes of the log at PATH (only PID's when given) and the report on them in FORM.
+
+    The summary streams: it keeps what is in flight and its running tallies, never the trees.
+    """
+    events = read_events(path, skipped)
+    if pid is not None:  # a parent's signal to the process counts too
+        events = (event for event in events if event.pid == pid or event.kind == SIGNAL)
+    digests: dict[int, _Digest] = {}
+    streamed = form == "summary"
+    timeline = Timeline(keep=not streamed, on_end=_digest_into(digests) if streamed else None)
+    for event in events:
+        try:
+            timeline.add(event)
+        except BadLine as error:
+            skipped.add(skipped.number, str(error))
+    processes = timeline.finish()
+    if pid is not None:
+        processes = [process for process in processes if process.pid == pid]
+    if not processes:
+        return processes, ""
+    if streamed:
+        return processes, summary(processes, digests, skipped)
+    return processes, render(processes, form, min_ms, path)
+
+
 def render(processes: list[Process], form: str, min_ms: float = 0.0, source: str = "") -> str:
-    """The report on PROCESSES in format FORM, as text."""
+    """The report on PROCESSES (read with whole trees) in format FORM: tree, importtime or chrome."""
     if form == "tree":
         return tree(processes, min_ms)
     if form == "importtime":
@@ -106,96 +146,207 @@ def render(processes: list[Process], form: str, min_ms: float = 0.0, source: str
                 f"choose another with --pid ({others})"
             )
         return importtime(processes[0], min_ms)
-    if form == "chrome":
-        return chrome(processes, min_ms, source)
-    return summary(processes)
+    return chrome(processes, min_ms, source)
 
 
 # -- summary ---------------------------------------------------------------------------------
-def summary(processes: list[Process]) -> str:
-    """Per process: time, counts, what never ended, stalls, warnings, the slowest imports and loads."""
+# Failed imports are named, each once; past this many distinct names they are only counted.
+_NAMES = 10_000
+
+
+class _Top:
+    """The TOP items of largest value, ties in the order they started (thread, then start)."""
+
+    __slots__ = ("floor", "heap")
+
+    def __init__(self) -> None:
+        self.heap: list[tuple] = []
+        self.floor = -1.0  # the smallest value kept, once TOP are kept
+
+    def add(self, value: float, thread: Thread, node: Node, extra: str = "") -> None:
+        if value < self.floor:
+            return
+        entry = (value, -thread.index, -node.seq, node, thread.name, extra)
+        if len(self.heap) < TOP:
+            heapq.heappush(self.heap, entry)
+            if len(self.heap) == TOP:
+                self.floor = self.heap[0][0]
+        elif entry[:3] > self.heap[0][:3]:
+            heapq.heapreplace(self.heap, entry)
+            self.floor = self.heap[0][0]
+
+    def rows(self) -> list[tuple[Node, str, str]]:
+        """(node, thread name, extra), largest first."""
+        return [entry[3:] for entry in sorted(self.heap, key=lambda entry: entry[:3], reverse=True)]
+
+
+class _Digest:
+    """What the summary says of one process, tallied as its imports, loads and phases end."""
+
+    def __init__(self) -> None:
+        self.imports = 0
+        self.natives = 0
+        self.phases = 0
+        self.failed = 0
+        self.failed_names: dict[str, int] = {}  # name: order of its first start, up to _NAMES
+        self.by_self = _Top()
+        self.by_cumulative = _Top()
+        self.native_top = _Top()
+        self.phase_top = _Top()
+
+
+def _digest_into(digests: dict[int, _Digest]):
+    """The Timeline's on_end: each node, once it has its time, counted into its process's digest."""
+
+    def ended(process: Process, thread: Thread, node: Node) -> None:
+        digest = digests.get(id(process))
+        if digest is None:
+            digest = digests[id(process)] = _Digest()
+        kind = node.kind
+        if kind == IMPORT:
+            digest.imports += 1
+            digest.by_self.add(node.self_ms, thread, node)
+            digest.by_cumulative.add(node.ms, thread, node)
+            if node.error:
+                digest.failed += 1
+                names = digest.failed_names
+                if len(names) < _NAMES or node.name in names:
+                    names[node.name] = min(names.get(node.name, node.seq), node.seq)
+        elif kind == NATIVE:
+            digest.natives += 1
+            if node.ms >= digest.native_top.floor:
+                up = node.parent
+                while up is not None and up.kind != IMPORT:
+                    up = up.parent
+                digest.native_top.add(node.ms, thread, node, up.name if up is not None else "no import")
+        else:
+            digest.phases += 1
+            digest.phase_top.add(node.ms, thread, node)
+
+    return ended
+
+
+def summary(processes: list[Process], digests: dict[int, _Digest], skipped: Skipped | None = None) -> str:
+    """Per process: how it ended, time, counts, what never ended, stalls, warnings, the slowest steps."""
     out: list[str] = []
     for process in processes:
         if out:
             out.append("")
-        out.extend(_process_summary(process))
+        out.extend(_process_summary(process, digests.get(id(process)) or _Digest()))
+    if skipped is not None and skipped.count:
+        out.extend(["", str(skipped)])
     return "\n".join(out) + "\n"
 
 
-def _process_summary(process: Process) -> list[str]:
-    nodes = list(process.nodes())
-    imports = [node for node in nodes if node.kind == IMPORT]
-    natives = [node for node in nodes if node.kind == NATIVE]
-    phases = [node for node in nodes if node.kind not in (IMPORT, NATIVE)]
-    failed = [node for node in imports if node.error]
+# How each kind of ending reads in a summary: the chain in flight, and what cut it.
+_CUT = {
+    DIED: "in flight when the process died",
+    EXIT: "in flight when --exit-on-stall ended the process",
+    SIGNAL: "in flight when a signal ended the process",
+}
+_CUT_AT = {DIED: "the watcher saw it dead at", EXIT: "it was ended at", SIGNAL: "at"}
+
+
+def _process_summary(process: Process, digest: _Digest) -> list[str]:
     threads = len(process.threads)
-    out = [f"{process.name}: {process.start_text or '(no start line: a fork, or a log cut at its head)'}"]
+    start = process.start_text or "(no start line: a fork, or a log cut at its head)"
+    ending = process.cut_by()
+    in_flight = process.in_flight()
+    if ending is not None and in_flight:
+        # The death is the headline: what ended the process, with the import in flight.
+        out = [f"{process.name}: {_ending_headline(ending, in_flight)}", f"  {start}"]
+    else:
+        out = [f"{process.name}: {start}"]
+    failed = f" ({digest.failed} failed)" if digest.failed else ""
     out.append(
         f"  {process.first_clock} to {process.last_clock}: {_duration(process.seconds * 1000.0)} "
-        f"from first to last line; {_count(len(imports), 'import')}"
-        f"{f' ({len(failed)} failed)' if failed else ''}, {_count(len(natives), 'native load')}, "
-        f"{_count(max(threads, 1), 'thread')}"
+        f"from first to last line; {_count(digest.imports, 'import')}{failed}, "
+        f"{_count(digest.natives, 'native load')}, {_count(max(threads, 1), 'thread')}"
     )
     if process.torch:
         out.append(f"  {process.torch}")
-    in_flight = process.in_flight()
     for thread, chain in in_flight:
-        out.append(f"  still in flight when the log ends: {' > '.join(node.label for node in chain)}")
-        out.append(
-            f"    on {thread.name}, the innermost since {chain[-1].clock}; this process's last line is at "
-            f"{process.last_clock} ({_duration(chain[-1].ms)} later): it hung there or was stopped there"
-        )
+        names = " > ".join(node.label for node in chain)
+        since = f"on {thread.name}, the innermost since {chain[-1].clock}"
+        if ending is None:
+            out.append(f"  still in flight when the log ends: {names}")
+            out.append(
+                f"    {since}; this process's last line is at {process.last_clock} "
+                f"({_duration(chain[-1].ms)} later): it hung there or was stopped there"
+            )
+        else:
+            out.append(f"  {_CUT[ending.what]}: {names}")
+            out.append(f"    {since}; {_CUT_AT[ending.what]} {ending.clock}{_signal_words(ending)}")
     if not in_flight:
         out.append(
             "  nothing in flight when the log ends: every import, native load and phase that started, ended"
         )
     if process.orphans:
         out.append(f"  {_count(process.orphans, 'end')} without a start in this process (forked mid-import)")
-    if process.stalls:
-        out.append("  stall reports:")
-        out.extend(f"    {clock} {text}" for _, clock, text in process.stalls)
-    if process.warnings:
-        out.append("  warnings and verdicts:")
-        out.extend(f"    {clock} {text}" for _, clock, text in process.warnings)
-    if failed:
+    out.extend(_notes(process, "stalls", "stall reports"))
+    out.extend(_notes(process, "warnings", "warnings and verdicts"))
+    if digest.failed_names:
         # Most are optional dependencies tried and caught; the names say enough, each once.
-        names = list(dict.fromkeys(node.name for node in failed))
-        more = f", ... ({len(names)} names)" if len(names) > TOP else ""
+        names = sorted(digest.failed_names, key=digest.failed_names.__getitem__)
+        count = f"{len(names)}{'+' if len(names) >= _NAMES else ''}"
+        more = f", ... ({count} names)" if len(names) > TOP else ""
         out.append(
             f"  failed imports (raised; most are optional, tried and caught): {', '.join(names[:TOP])}{more}"
         )
     where = threads > 1
-    if imports:
-        out.append(f"  slowest imports by self time (top {min(TOP, len(imports))}):")
-        out.extend(_table(sorted(imports, key=lambda node: -node.self_ms)[:TOP], where, process))
-        out.append(f"  slowest imports by cumulative time (top {min(TOP, len(imports))}):")
-        out.extend(_table(sorted(imports, key=lambda node: -node.ms)[:TOP], where, process))
-    if natives:
-        out.append(f"  native loads by time (top {min(TOP, len(natives))}):")
+    if digest.imports:
+        top = min(TOP, digest.imports)
+        out.append(f"  slowest imports by self time (top {top}):")
+        out.extend(_table(digest.by_self.rows(), where))
+        out.append(f"  slowest imports by cumulative time (top {top}):")
+        out.extend(_table(digest.by_cumulative.rows(), where))
+    if digest.natives:
+        out.append(f"  native loads by time (top {min(TOP, digest.natives)}):")
         out.append(f"    {'ms':>10}  library (for)")
-        for node in sorted(natives, key=lambda node: -node.ms)[:TOP]:
-            owner = next((up.name for up in node.chain()[-2::-1] if up.kind == IMPORT), "no import")
+        for node, _, owner in digest.native_top.rows():
             out.append(f"    {node.ms:10.3f}  {node.name} ({owner}){_marks(node)}")
-    if phases:
-        out.append(f"  phases and steps by time (top {min(TOP, len(phases))}):")
+    if digest.phases:
+        out.append(f"  phases and steps by time (top {min(TOP, digest.phases)}):")
         out.append(f"    {'ms':>10}  phase")
         out.extend(
-            f"    {node.ms:10.3f}  {node.label}{_marks(node)}"
-            for node in sorted(phases, key=lambda node: -node.ms)[:TOP]
+            f"    {node.ms:10.3f}  {node.label}{_marks(node)}" for node, _, _ in digest.phase_top.rows()
         )
     return out
 
 
-def _table(nodes: list[Node], where: bool, process: Process) -> list[str]:
-    lines = [f"    {'self ms':>10} {'cum ms':>10}  import"]
-    threads = (
-        {id(node): thread.name for thread in process.threads.values() for node in thread.walk()}
-        if where
-        else {}
+def _ending_headline(ending: Ending, in_flight: list[tuple[Thread, list[Node]]]) -> str:
+    """The first statement on a process that the log says died: the watcher's words, or the signal's."""
+    if ending.what == DIED:
+        return (
+            ending.text
+        )  # "died during import: process 7 was killed by SIGKILL after ... with in flight: ..."
+    chains = "; ".join(
+        f"{thread.name}: {' > '.join(node.label for node in chain)}" for thread, chain in in_flight
     )
-    for node in nodes:
-        thread = f" [{threads[id(node)]}]" if where else ""
-        lines.append(f"    {node.self_ms:10.3f} {node.ms:10.3f}  {node.name}{_marks(node)}{thread}")
+    if ending.what == EXIT:
+        return f"ended by --exit-on-stall during import ({ending.text}) with in flight: {chains}"
+    return f"ended by a signal during import: {ending.text}, with in flight: {chains}"
+
+
+def _signal_words(ending: Ending) -> str:
+    return f": {ending.text}" if ending.what == SIGNAL else ""
+
+
+def _notes(process: Process, which: str, title: str) -> list[str]:
+    notes = getattr(process, which)
+    if not notes:
+        return []
+    lines = [f"  {title}:", *(f"    {clock} {text}" for _, clock, text in notes)]
+    if process.left_out[which]:
+        lines.append(f"    ... and {process.left_out[which]} more")
+    return lines
+
+
+def _table(rows: list[tuple[Node, str, str]], where: bool) -> list[str]:
+    lines = [f"    {'self ms':>10} {'cum ms':>10}  import"]
+    for node, thread, _ in rows:
+        shown = f" [{thread}]" if where else ""
+        lines.append(f"    {node.self_ms:10.3f} {node.ms:10.3f}  {node.name}{_marks(node)}{shown}")
     return lines
 
 

@@ -1,22 +1,39 @@
-"""Rebuilds a log's per-process, per-thread trees of imports and native loads, cut-off logs included."""
+"""Rebuilds a log's per-process, per-thread trees of imports and native loads, cut-off logs included.
+
+The log is read as a stream, a chunk at a time: memory holds what is in flight,
+plus the whole trees only when a format needs them (keep=True).
+"""
 
 from __future__ import annotations
 
+import os
+import re
+import stat
 import time
 
 from importwatch.events import (
     CHECKPOINT,
+    DIED,
+    EXIT,
     IMPORT,
     IMPORT_END,
+    MAX_LINE,
     NATIVE,
     NATIVE_END,
     PHASE,
     PHASE_END,
+    SIGNAL,
     STEP,
     STEP_END,
+    WARNING,
+    BadLine,
     Event,
-    parse_line,
+    read_line,
 )
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
 
 # What starts a node, and the kind of the line that ends it.
 ENDS = {IMPORT: IMPORT_END, NATIVE: NATIVE_END, PHASE: PHASE_END, STEP: STEP_END}
@@ -26,6 +43,12 @@ _DAY = 86400.0
 _HALF_DAY = _DAY / 2
 # Bytes that never occur in a text log: a file holding them is not one.
 _BINARY_SNIFF = 8192
+_CHUNK = 1 << 20
+# Lines of each kind of note kept per process (stall reports, warnings, checkpoints); the rest counted.
+NOTES = 1000
+# Deeper nesting than this is no import chain (each level takes several of the interpreter's
+# 1000 frames): a crafted log, whose trees would exhaust the report's own recursion.
+MAX_DEPTH = 256
 
 
 class LogError(Exception):
@@ -44,19 +67,25 @@ class Node:
         "kind",
         "ms",
         "name",
+        "nested",
         "parent",
+        "seq",
         "start",
         "unfinished",
     )
 
-    def __init__(self, kind: str, name: str, start: float, parent: Node | None, clock: str = "") -> None:
+    def __init__(
+        self, kind: str, name: str, start: float, parent: Node | None, clock: str = "", seq: int = 0
+    ) -> None:
         self.kind = kind  # IMPORT, NATIVE (a dlopen), PHASE (named by the program) or STEP
         self.name = name  # module name, or the library's path
         self.start = start  # seconds on the log's clock (best estimate)
         self.clock = clock  # the start line's HH:MM:SS.mmm
         self.parent = parent
-        self.children: list[Node] = []
+        self.seq = seq  # order of its start in its process
+        self.children: list[Node] = []  # only when the trees are kept
         self.ms = 0.0  # measured duration; for an unfinished one, until the log ends
+        self.nested = 0.0  # ms of the imports under it, seen through loads and phases (import_children)
         self.error: str | None = None
         self.unfinished = False
         self.begin = 0  # placed start and end in microseconds since the log began (see place)
@@ -71,7 +100,12 @@ class Node:
     @property
     def self_ms(self) -> float:
         """Time not spent in nested imports, as -X importtime counts it: native loads count as self."""
-        return max(self.ms - sum(child.ms for child in import_children(self)), 0.0)
+        return max(self.ms - self.nested, 0.0)
+
+    @property
+    def counted(self) -> float:
+        """What this node adds to its parent's nested time: its own if an import, else its imports'."""
+        return self.ms if self.kind == IMPORT else self.nested
 
     def walk(self):
         """This node and everything under it, parents first."""
@@ -106,14 +140,28 @@ def import_children(node: Node) -> list[Node]:
 class Thread:
     """The imports of one thread of one process, in the order they started."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, index: int = 0) -> None:
         self.name = name
-        self.roots: list[Node] = []
+        self.index = index  # order of its first line in its process
+        self.roots: list[Node] = []  # only when the trees are kept
         self.stack: list[Node] = []  # in flight while reading; what is left at the end never ended
+        self.nested = 0.0  # as Node.nested, for what ran at the top level
 
     def walk(self):
         for root in self.roots:
             yield from root.walk()
+
+
+class Ending:
+    """How a process's own end was told in the log: by the watcher, --exit-on-stall, or a signal."""
+
+    __slots__ = ("clock", "text", "what", "when")
+
+    def __init__(self, what: str, when: float, clock: str, text: str) -> None:
+        self.what = what  # DIED, EXIT or SIGNAL
+        self.when = when
+        self.clock = clock
+        self.text = text  # the line's words, e.g. "died during import: process 7 was killed by SIGKILL ..."
 
 
 class Process:
@@ -129,12 +177,17 @@ class Process:
         self.last_clock = first_clock
         self.start_text = ""  # the banner's "start python ..." line
         self.torch = ""
-        # (seconds, clock, text) of STALL, "also in flight" and RESUMED lines, and of "! " lines
+        # (seconds, clock, text) of STALL, "also in flight" and RESUMED lines, and of "! " lines;
+        # the first NOTES of each, with the number left out
         self.stalls: list[tuple[float, str, str]] = []
         self.warnings: list[tuple[float, str, str]] = []
         self.checkpoints: list[tuple[float, str, str]] = []  # (seconds, thread, name)
+        self.left_out = {"stalls": 0, "warnings": 0, "checkpoints": 0}
         self.rank: int | None = None  # in a distributed job
         self.orphans = 0  # ends whose start is not in this log (a fork inside an import)
+        self.endings: list[Ending] = []  # the watcher's "died", --exit-on-stall's exit, signals sent to it
+        self.own_last = first  # its last line written by itself (not by the watcher, not about it)
+        self.seq = 0
 
     @property
     def name(self) -> str:
@@ -148,7 +201,7 @@ class Process:
     def thread(self, name: str) -> Thread:
         thread = self.threads.get(name)
         if thread is None:
-            thread = self.threads[name] = Thread(name)
+            thread = self.threads[name] = Thread(name, len(self.threads))
         return thread
 
     def nodes(self):
@@ -158,6 +211,34 @@ class Process:
     def in_flight(self) -> list[tuple[Thread, list[Node]]]:
         """Per thread, the chain of imports and loads that had started and not ended when the log ends."""
         return [(thread, list(thread.stack)) for thread in self.threads.values() if thread.stack]
+
+    def note(self, which: str, item: tuple) -> None:
+        notes = getattr(self, which)
+        if len(notes) < NOTES:
+            notes.append(item)
+        else:
+            self.left_out[which] += 1
+
+    def cut_by(self) -> Ending | None:
+        """What ended the process with its work in flight, when the log says: else the log's end cut it.
+
+        The watcher's death line comes first; then --exit-on-stall; then a signal its parent
+        sent after its last line (a pool's terminate): before that, the process went on.
+        """
+        for what in (DIED, EXIT):
+            for ending in self.endings:
+                if ending.what == what:
+                    return ending
+        for ending in self.endings:
+            if ending.what == SIGNAL and ending.when >= self.own_last - _CLOCK_SLACK:
+                return ending
+        return None
+
+
+# Lines about a process that it did not write itself: the watcher's, and its own end.
+_NOT_OWN = frozenset(("outside", DIED, EXIT))
+# Text logs' clocks are cut to the millisecond: a signal's line may read a millisecond early.
+_CLOCK_SLACK = 0.002
 
 
 class _Clock:
@@ -169,9 +250,9 @@ class _Clock:
 
     def seconds(self, event: Event) -> float:
         if event.time is not None:
-            return float(event.time)
-        hours, minutes, seconds = event.clock.split(":")
-        value = int(hours) * 3600 + int(minutes) * 60 + float(seconds) + self.days
+            return event.time
+        clock = event.clock
+        value = int(clock[:2]) * 3600 + int(clock[3:5]) * 60 + float(clock[6:]) + self.days
         if self.last is not None and value < self.last - _HALF_DAY:
             self.days += _DAY
             value += _DAY
@@ -179,138 +260,270 @@ class _Clock:
         return value
 
 
-def read_events(path: str) -> list[Event]:
-    """The events of the log at PATH, or LogError saying in one line why it is not a log."""
-    try:
-        with open(path, "rb") as file:
-            data = file.read()
-    except OSError as error:
-        raise LogError(f"cannot read {path}: {error.strerror or error}") from None
-    if not data.strip():
-        raise LogError(f"{path} is empty: there is nothing to report")
-    if b"\0" in data[:_BINARY_SNIFF]:
-        raise LogError(f"{path} is a binary file, not an importwatch log")
-    events = []
-    for line in data.decode("utf-8", "replace").splitlines():
-        try:
-            event = parse_line(line)
-        except (ValueError, TypeError):  # a JSON object of someone else's, e.g. a pid that is no number
-            continue
-        if event is not None and _usable(event):
-            events.append(event)
-    if not events:
+class Skipped:
+    """Lines that claim to be ours (text or JSON) but cannot be read: how many, and the first."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.first = ""  # "line N: why"
+        self.number = 0  # the line being read
+
+    def add(self, number: int, why: str) -> None:
+        self.count += 1
+        if not self.first:
+            self.first = f"line {number}: {why}"
+
+    def __str__(self) -> str:
+        noun = "line" if self.count == 1 else "lines"
+        return f"{self.count} {noun} could not be read and were skipped (the first, {self.first})"
+
+
+def read_events(path: str, skipped: Skipped | None = None) -> Iterator[Event]:
+    """The events of the log at PATH, one at a time; LogError, in one line, when it is not a log.
+
+    Bad lines (see events.read_line) are counted in SKIPPED and left out. Read in
+    chunks: a line is never longer than events.MAX_LINE in memory, however long in the file.
+    """
+    skipped = skipped if skipped is not None else Skipped()
+    found = 0
+    with _open(path) as file:
+        head = file.read(_BINARY_SNIFF)
+        if not head.strip() and not file.peek(1):
+            raise LogError(f"{path} is empty: there is nothing to report")
+        if b"\0" in head:
+            raise LogError(f"{path} is a binary file, not an importwatch log")
+        number = 0
+        for line in _lines(file, head):
+            number += 1
+            if line is None:
+                skipped.add(number, "longer than any line of ours")
+                continue
+            try:
+                event = read_line(line)
+            except BadLine as error:
+                skipped.add(number, str(error))
+                continue
+            if event is None:
+                if "\ufffd" in line or "\0" in line:
+                    skipped.add(number, "not text")
+                continue
+            found += 1
+            skipped.number = number
+            yield event
+    if not found:
+        why = f"; {skipped}" if skipped.count else ""
         raise LogError(
             f"{path} is not an importwatch log: no line starts with '[importwatch '"
-            " nor is one of its JSON records"
+            f" nor is one of its JSON records{why}"
         )
-    return events
 
 
-def _usable(event: Event) -> bool:
-    """A JSON record of ours has a numeric time and duration; a text line always has its clock."""
-    if event.clock:
-        return True
-    number = (int, float)
-    return isinstance(event.time, number) and (event.ms is None or isinstance(event.ms, number))
+def _open(path: str):
+    """The file at PATH for reading, never blocking on a FIFO or a device; LogError if it cannot be."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as error:
+        raise LogError(f"cannot read {path}: {error.strerror or error}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise LogError(f"cannot read {path}: not a regular file")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb", buffering=_CHUNK)
+    except BaseException:
+        os.close(fd)
+        raise
 
 
-def build(events: list[Event]) -> list[Process]:
-    """The processes of a log, in the order they first wrote, each with its threads' trees."""
-    clock = _Clock()
-    processes: list[Process] = []
-    current: dict[int, Process] = {}
-    for event in events:
-        when = clock.seconds(event)
+def _lines(file, data: bytes) -> Iterator[str | None]:
+    """The lines of FILE (DATA read from it already), decoded; None stands for an overlong line."""
+    carry = b""
+    skipping = False  # inside an overlong line: its bytes are dropped up to its end
+    while data:
+        if skipping:
+            cut = data.find(b"\n")
+            if cut < 0:
+                data = file.read(_CHUNK)
+                continue
+            data, skipping = data[cut + 1 :], False
+        if carry:
+            data = carry + data
+        cut = data.rfind(b"\n")
+        carry = data[cut + 1 :]
+        if cut >= 0:
+            yield from data[:cut].decode("utf-8", "replace").split("\n")
+        if len(carry) > MAX_LINE:
+            yield None
+            carry, skipping = b"", True
+        data = file.read(_CHUNK)
+    if carry:
+        yield carry.decode("utf-8", "replace")
+
+
+# The watcher says which signal ended a child in "signal SIGTERM to child PID (...)".
+_SIGNAL = re.compile(r"^signal (\S+) to child (\d{1,10})\b")
+
+
+class Timeline:
+    """Reads a log's events, one at a time, into its processes and their threads.
+
+    With KEEP the whole trees are kept (tree, importtime, chrome need them);
+    without, a node is dropped once it ends and ON_END has seen it, so memory holds
+    only what is in flight.
+    """
+
+    def __init__(self, keep: bool = True, on_end: Callable[[Process, Thread, Node], None] | None = None):
+        self.keep = keep
+        self.on_end = on_end
+        self.clock = _Clock()
+        self.processes: list[Process] = []
+        self.current: dict[int, Process] = {}
+
+    def add(self, event: Event) -> None:
+        when = self.clock.seconds(event)
         stamp = event.clock or _clock_text(when)
-        process = current.get(event.pid)
+        process = self.current.get(event.pid)
         if process is None or (event.kind == "start" and process.start_text):
             run = process.run + 1 if process is not None else 1
-            process = current[event.pid] = Process(event.pid, run, when, stamp)
-            processes.append(process)
-        process.last = max(process.last, when)
-        process.last_clock = stamp
-        _apply(process, event, when, stamp)
-    for process in processes:
-        _finish(process)
-    return processes
+            process = self.current[event.pid] = Process(event.pid, run, when, stamp)
+            self.processes.append(process)
+        if when >= process.last:
+            process.last = when
+            process.last_clock = stamp
+        self._apply(process, event, when, stamp)
 
+    def finish(self) -> list[Process]:
+        """The processes, in the order they first wrote; whatever is in flight runs to its last line."""
+        for process in self.processes:
+            for thread in process.threads.values():
+                for node in reversed(thread.stack):
+                    node.unfinished = True
+                    node.ms = max((process.last - node.start) * 1000.0, 0.0)
+                    self._ended(process, thread, node)
+        return self.processes
 
-def load(path: str) -> list[Process]:
-    """The processes in the log at PATH (LogError when it is not one)."""
-    return build(read_events(path))
+    def _apply(self, process: Process, event: Event, when: float, stamp: str) -> None:
+        kind = event.kind
+        if event.rank is not None:
+            process.rank = event.rank
+        if kind not in _NOT_OWN:
+            process.own_last = when
+        if kind in ENDS:
+            thread = process.thread(event.thread)
+            if len(thread.stack) >= MAX_DEPTH:
+                raise BadLine(f"nested deeper than {MAX_DEPTH} levels")
+            parent = thread.stack[-1] if thread.stack else None
+            process.seq += 1
+            node = Node(kind, event.name, when, parent, stamp, process.seq)
+            if self.keep:
+                (parent.children if parent is not None else thread.roots).append(node)
+            thread.stack.append(node)
+        elif kind in _STARTS:
+            self._end(process, process.thread(event.thread), event, when)
+        elif kind == "start":
+            process.start_text = event.text[len("start ") :]
+        elif kind == "torch":
+            process.torch = event.text
+        elif kind == CHECKPOINT:
+            process.note("checkpoints", (when, event.thread, event.name))
+        elif kind in ("stall", "stall_thread", "stall_context", "resumed"):
+            process.note("stalls", (when, stamp, event.text.strip()))
+        elif kind == WARNING:
+            process.note("warnings", (when, stamp, event.text.strip()))
+        elif kind in (DIED, EXIT):
+            text = event.text.strip()
+            process.endings.append(Ending(kind, when, stamp, text.partition("outside: ")[2] or text))
+        elif kind == SIGNAL:
+            self._signal(process, event, when, stamp)
 
+    def _signal(self, sender: Process, event: Event, when: float, stamp: str) -> None:
+        """A parent's line that it sends a signal to a child: the child's ending, if the child is here."""
+        match = _SIGNAL.match(event.text.strip())
+        if match is None:
+            return
+        child = self.current.get(int(match.group(2)))
+        if child is not None and child is not sender and len(child.endings) < NOTES:
+            text = f"{match.group(1)} from pid {sender.pid}{event.text.strip()[match.end() :]}"
+            child.endings.append(Ending(SIGNAL, when, stamp, text))
 
-def _apply(process: Process, event: Event, when: float, stamp: str) -> None:
-    kind = event.kind
-    if event.rank is not None:
-        process.rank = event.rank
-    if kind in ENDS:
-        thread = process.thread(event.thread)
+    def _end(self, process: Process, thread: Thread, event: Event, when: float) -> None:
+        kind = _STARTS[event.kind]
+        ms = event.ms
+        stack = thread.stack
+        index = len(stack) - 1
+        while index >= 0 and not (stack[index].kind == kind and stack[index].name == event.name):
+            index -= 1
+        if index < 0:
+            self._orphan(process, thread, kind, event, when, ms or 0.0)
+            return
+        # Starts above the match never ended: lines were lost; they end here, marked unfinished.
+        while len(stack) > index + 1:
+            lost = stack.pop()
+            lost.unfinished = True
+            lost.ms = max((when - lost.start) * 1000.0, 0.0)
+            self._ended(process, thread, lost)
+        node = stack.pop()
+        node.ms = ms if ms is not None else max((when - node.start) * 1000.0, 0.0)
+        node.error = event.error
+        # The start line's clock is truncated to the millisecond and so is the end's:
+        # the end's clock minus the exact duration is a start no earlier than the truth.
+        if ms is not None:
+            node.start = max(node.start, when - ms / 1000.0)
+        self._ended(process, thread, node)
+
+    def _ended(self, process: Process, thread: Thread, node: Node) -> None:
+        """NODE has its duration: its parent counts it, and ON_END sees it."""
+        parent = node.parent
+        if parent is not None:
+            parent.nested += node.counted
+        else:
+            thread.nested += node.counted
+        if self.on_end is not None:
+            self.on_end(process, thread, node)
+
+    def _orphan(
+        self, process: Process, thread: Thread, kind: str, event: Event, when: float, ms: float
+    ) -> None:
+        """An end whose start this process never wrote: a fork in the middle of an import.
+
+        The child inherits the parent's imports in flight and ends them under its own pid;
+        what the child imported meanwhile is nested inside, so the node adopts it (without
+        the trees: all that ended at that level, which in a fork child is all since it began).
+        """
+        process.orphans += 1
         parent = thread.stack[-1] if thread.stack else None
-        node = Node(kind, event.name, when, parent, stamp)
-        (parent.children if parent is not None else thread.roots).append(node)
-        thread.stack.append(node)
-    elif kind in _STARTS:
-        _end(process, process.thread(event.thread), event, when)
-    elif kind == "start":
-        process.start_text = event.text[len("start ") :]
-    elif kind == "torch":
-        process.torch = event.text
-    elif kind == CHECKPOINT:
-        process.checkpoints.append((when, event.thread, event.name))
-    elif kind in ("stall", "stall_thread", "stall_context", "resumed"):
-        process.stalls.append((when, stamp, event.text.strip()))
-    elif kind == "warning":
-        process.warnings.append((when, stamp, event.text.strip()))
+        process.seq += 1
+        node = Node(kind, event.name, when - ms / 1000.0, parent, seq=process.seq)
+        node.ms = ms
+        node.error = event.error
+        holder: Node | Thread = parent if parent is not None else thread
+        if self.keep:
+            siblings = parent.children if parent is not None else thread.roots
+            while siblings and siblings[-1].start >= node.start:
+                adopted = siblings.pop()
+                adopted.parent = node
+                node.children.insert(0, adopted)
+                node.nested += adopted.counted
+            siblings.append(node)
+        else:
+            node.nested = holder.nested
+        holder.nested -= node.nested
+        self._ended(process, thread, node)
 
 
-def _end(process: Process, thread: Thread, event: Event, when: float) -> None:
-    kind = _STARTS[event.kind]
-    ms = float(event.ms) if event.ms is not None else None
-    index = len(thread.stack) - 1
-    while index >= 0 and not (thread.stack[index].kind == kind and thread.stack[index].name == event.name):
-        index -= 1
-    if index < 0:
-        _orphan(process, thread, kind, event, when, ms or 0.0)
-        return
-    # Starts above the match never ended: lines were lost; they end here, marked unfinished.
-    for lost in thread.stack[index + 1 :]:
-        lost.unfinished = True
-        lost.ms = max((when - lost.start) * 1000.0, 0.0)
-    del thread.stack[index + 1 :]
-    node = thread.stack.pop()
-    node.ms = ms if ms is not None else max((when - node.start) * 1000.0, 0.0)
-    node.error = event.error
-    # The start line's clock is truncated to the millisecond and so is the end's:
-    # the end's clock minus the exact duration is a start no earlier than the truth.
-    node.start = max(node.start, when - ms / 1000.0)
+def build(events: Iterator[Event], keep: bool = True) -> list[Process]:
+    """The processes of a log, in the order they first wrote, each with its threads' trees."""
+    timeline = Timeline(keep)
+    for event in events:
+        try:
+            timeline.add(event)
+        except BadLine:
+            continue
+    return timeline.finish()
 
 
-def _orphan(process: Process, thread: Thread, kind: str, event: Event, when: float, ms: float) -> None:
-    """An end whose start this process never wrote: a fork in the middle of an import.
-
-    The child inherits the parent's imports in flight and ends them under its own pid;
-    what the child imported meanwhile is nested inside, so the node adopts it.
-    """
-    process.orphans += 1
-    parent = thread.stack[-1] if thread.stack else None
-    siblings = parent.children if parent is not None else thread.roots
-    node = Node(kind, event.name, when - ms / 1000.0, parent)
-    node.ms = ms
-    node.error = event.error
-    while siblings and siblings[-1].start >= node.start:
-        adopted = siblings.pop()
-        adopted.parent = node
-        node.children.insert(0, adopted)
-    siblings.append(node)
-
-
-def _finish(process: Process) -> None:
-    """Whatever is still in flight runs until the process's last line; then place every node."""
-    for thread in process.threads.values():
-        for node in thread.stack:
-            node.unfinished = True
-            node.ms = max((process.last - node.start) * 1000.0, 0.0)
+def load(path: str, skipped: Skipped | None = None) -> list[Process]:
+    """The processes in the log at PATH, whole trees kept (LogError when it is not one)."""
+    return build(read_events(path, skipped))
 
 
 def place(processes: list[Process]) -> float:
