@@ -44,6 +44,8 @@ class BlockingSteps:
             "torch.distributed.distributed_c10d": self._wrap_distributed,
             "torch.cuda": self._wrap_cuda,
             "torch.utils.cpp_extension": self._wrap_cpp_extension,
+            # Not a step: a pool terminating its workers, told so that a worker's cut chain reads so.
+            "multiprocessing.popen_fork": self._wrap_popen_fork,
         }
 
     def install(self) -> None:
@@ -125,6 +127,31 @@ class BlockingSteps:
         ms = (now - frame.start) * 1000.0
         self.sink.event("step_end", f"{indent}< step {name} {ms:.3f} ms", {"name": name, "ms": ms})
         return result
+
+    # -- multiprocessing's terminate and kill -------------------------------------------
+    def _wrap_popen_fork(self, module: Any) -> None:
+        """A line when the program signals a multiprocessing child (Pool.terminate, Process.kill).
+
+        The child dies without a word (SIGTERM's default): without this line its
+        imports in flight would read as a hang in `report`. Every start method's
+        Popen on POSIX signals through popen_fork.Popen._send_signal.
+        """
+        popen = getattr(module, "Popen", None)
+        original = getattr(popen, "_send_signal", None)
+        if original is None or hasattr(original, _MARK):
+            return
+        sink = self.sink
+
+        def _send_signal(self: Any, sig: int) -> Any:
+            if self.returncode is None:  # as the original: a child already reaped is not signalled
+                signals = sys.modules.get("signal")  # multiprocessing imported it
+                name = (
+                    signals.Signals(sig).name if signals is not None and sig in signals.Signals else str(sig)
+                )
+                sink.event("signal", f"signal {name} to child {self.pid} (multiprocessing)", {"signal": name})
+            return original(self, sig)
+
+        self._replace(popen, "_send_signal", _send_signal, original)
 
     # -- torch.distributed.init_process_group ---------------------------------------
     def _wrap_distributed(self, c10d: Any) -> None:

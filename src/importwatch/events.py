@@ -165,8 +165,9 @@ def _parse_body(body: str, pid: int, thread: str, text: str) -> Event:
     if marker == "<" and rest.startswith("dlopen "):
         event = Event(NATIVE_END, pid, thread, text)
         match = _NATIVE_END.match(rest)
-        if match:
-            event.name, event.ms, event.error = match.group(1), _ms(match.group(2)), match.group(3)
+        if match is None:
+            raise BadLine("an end line without its duration")
+        event.name, event.ms, event.error = match.group(1), _ms(match.group(2)), match.group(3)
         return event
     # A module may be called phase or step: its end line `< phase 1.2 ms` reads as an import's.
     if marker in (">", "<") and rest.startswith(("phase ", "step ")) and not _END.match(rest):
@@ -182,8 +183,9 @@ def _parse_body(body: str, pid: int, thread: str, text: str) -> Event:
     if marker == "<":
         event = Event(IMPORT_END, pid, thread, text)
         match = _END.match(rest)
-        if match:
-            event.name, event.ms, event.error = match.group(1), _ms(match.group(2)), match.group(3)
+        if match is None:
+            raise BadLine("an end line without its duration")
+        event.name, event.ms, event.error = match.group(1), _ms(match.group(2)), match.group(3)
         return event
     for prefix, kind in OTHER_KINDS.items():
         if text.startswith(prefix):
@@ -200,8 +202,9 @@ def _parse_phase_or_step(marker: str, rest: str, pid: int, thread: str, text: st
         return event
     event = Event(f"{what}_end", pid, thread, text)
     match = (_PHASE_END if what == PHASE else _END).match(rest)
-    if match:
-        event.name, event.ms, event.error = match.group(1), _ms(match.group(2)), match.group(3)
+    if match is None:
+        raise BadLine("an end line without its duration")
+    event.name, event.ms, event.error = match.group(1), _ms(match.group(2)), match.group(3)
     return event
 
 

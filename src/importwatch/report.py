@@ -7,6 +7,7 @@ import heapq
 import json
 import os
 import sys
+from typing import NamedTuple
 
 from importwatch.events import DIED, EXIT, IMPORT, NATIVE, SIGNAL, BadLine
 from importwatch.timeline import (
@@ -155,7 +156,10 @@ _NAMES = 10_000
 
 
 class _Top:
-    """The TOP items of largest value, ties in the order they started (thread, then start)."""
+    """The TOP nodes of largest value, ties in the order they started (thread, then start).
+
+    It keeps rows of text and numbers, never the nodes: a node holds its parents.
+    """
 
     __slots__ = ("floor", "heap")
 
@@ -166,18 +170,31 @@ class _Top:
     def add(self, value: float, thread: Thread, node: Node, extra: str = "") -> None:
         if value < self.floor:
             return
-        entry = (value, -thread.index, -node.seq, node, thread.name, extra)
+        key = (value, -thread.index, -node.seq)
+        if len(self.heap) == TOP and key <= self.heap[0][:3]:
+            return
+        row = _Row(node.self_ms, node.ms, node.label, _marks(node), thread.name, extra)
         if len(self.heap) < TOP:
-            heapq.heappush(self.heap, entry)
-            if len(self.heap) == TOP:
-                self.floor = self.heap[0][0]
-        elif entry[:3] > self.heap[0][:3]:
-            heapq.heapreplace(self.heap, entry)
+            heapq.heappush(self.heap, (*key, row))
+        else:
+            heapq.heapreplace(self.heap, (*key, row))
+        if len(self.heap) == TOP:
             self.floor = self.heap[0][0]
 
-    def rows(self) -> list[tuple[Node, str, str]]:
-        """(node, thread name, extra), largest first."""
-        return [entry[3:] for entry in sorted(self.heap, key=lambda entry: entry[:3], reverse=True)]
+    def rows(self) -> list[_Row]:
+        """Largest first."""
+        return [entry[3] for entry in sorted(self.heap, key=lambda entry: entry[:3], reverse=True)]
+
+
+class _Row(NamedTuple):
+    """A node as a summary's table shows it."""
+
+    self_ms: float
+    ms: float
+    label: str  # the module's name, "dlopen PATH", "phase NAME"
+    marks: str  # [unfinished], [failed ...]
+    thread: str
+    extra: str  # for a native load, the import it was for
 
 
 class _Digest:
@@ -303,14 +320,12 @@ def _process_summary(process: Process, digest: _Digest) -> list[str]:
     if digest.natives:
         out.append(f"  native loads by time (top {min(TOP, digest.natives)}):")
         out.append(f"    {'ms':>10}  library (for)")
-        for node, _, owner in digest.native_top.rows():
-            out.append(f"    {node.ms:10.3f}  {node.name} ({owner}){_marks(node)}")
+        for row in digest.native_top.rows():
+            out.append(f"    {row.ms:10.3f}  {row.label[len('dlopen ') :]} ({row.extra}){row.marks}")
     if digest.phases:
         out.append(f"  phases and steps by time (top {min(TOP, digest.phases)}):")
         out.append(f"    {'ms':>10}  phase")
-        out.extend(
-            f"    {node.ms:10.3f}  {node.label}{_marks(node)}" for node, _, _ in digest.phase_top.rows()
-        )
+        out.extend(f"    {row.ms:10.3f}  {row.label}{row.marks}" for row in digest.phase_top.rows())
     return out
 
 
@@ -342,11 +357,11 @@ def _notes(process: Process, which: str, title: str) -> list[str]:
     return lines
 
 
-def _table(rows: list[tuple[Node, str, str]], where: bool) -> list[str]:
+def _table(rows: list[_Row], where: bool) -> list[str]:
     lines = [f"    {'self ms':>10} {'cum ms':>10}  import"]
-    for node, thread, _ in rows:
-        shown = f" [{thread}]" if where else ""
-        lines.append(f"    {node.self_ms:10.3f} {node.ms:10.3f}  {node.name}{_marks(node)}{shown}")
+    for row in rows:
+        shown = f" [{row.thread}]" if where else ""
+        lines.append(f"    {row.self_ms:10.3f} {row.ms:10.3f}  {row.label}{row.marks}{shown}")
     return lines
 
 

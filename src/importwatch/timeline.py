@@ -394,10 +394,13 @@ class Timeline:
     def finish(self) -> list[Process]:
         """The processes, in the order they first wrote; whatever is in flight runs to its last line."""
         for process in self.processes:
+            ending = process.cut_by()
+            # A signal's line is its sender's: the process ran until then, silent.
+            last = max(process.last, ending.when) if ending is not None else process.last
             for thread in process.threads.values():
                 for node in reversed(thread.stack):
                     node.unfinished = True
-                    node.ms = max((process.last - node.start) * 1000.0, 0.0)
+                    node.ms = max((last - node.start) * 1000.0, 0.0)
                     self._ended(process, thread, node)
         return self.processes
 
