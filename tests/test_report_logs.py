@@ -283,3 +283,28 @@ def _statements(summary: str) -> list[str]:
         for line in summary.splitlines()
         if not (re.match(r"^ {4} *\d", line) and "!" not in line)
     ]
+
+
+@pytest.mark.timeout(90)
+def test_bisect_reports_the_verdict_its_json_lines_tries_logged(tmp_path):
+    cuda = FIXTURES / "cuda"
+    runtime = compile_shared(
+        cuda / "cudart_standin.c", tmp_path / "cuda-11.0" / "libcudart.so.11.0", soname="libcudart.so.11.0"
+    )
+    # Its constructor blocks in dlopen, as an extension built for another CUDA can.
+    compile_extension(FIXTURES / "hang" / "blocking_ext.c", tmp_path, "fastkern._kernels", libs=[runtime])
+    stand_in_torch(tmp_path, "2.3.1+cu121", "12.1")
+    (tmp_path / "job.py").write_text("import json\nimport fastkern._kernels\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "importwatch", "bisect", "--timeout", "0.5", "--json", "job.py"],
+        cwd=tmp_path,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=80,
+    )
+    assert done.returncode == 1, done.stderr
+    result = json.loads(done.stdout)
+    assert result["result"] == "hang" and result["culprit"] == "fastkern._kernels"
+    verdict = "needs libcudart.so.11.0 (CUDA 11) but torch 2.3.1 is built for CUDA 12.1"
+    assert any(verdict in text for text in result["verdicts"]), result

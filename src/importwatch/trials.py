@@ -9,7 +9,7 @@ import sys
 import threading
 import time
 
-from importwatch.events import parse_line
+from importwatch.events import WARNING, parse_line
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -101,7 +101,7 @@ class LogState:
             self.stalled_thread = (event.pid, _stalled_thread_name(event.text) or event.thread)
         elif kind == "exit":
             self.exit_on_stall = True
-        elif kind == "warning":
+        elif kind == WARNING:  # importwatch's own warnings and the verdicts, JSON or text alike
             self.warnings.append((self._seq, event.pid, event.text))
 
     def _pop(self, key: tuple[int, str], kind: str, name: str) -> None:
