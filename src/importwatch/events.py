@@ -25,6 +25,12 @@ _NATIVE_START = re.compile(r"^dlopen (.*?) \((\S+)\)(?: needs (.*))?$", re.DOTAL
 _PHASE_END = re.compile(rf"^(.*?) {_NUMBER} ms(?: failed (.*))?$", re.DOTALL)
 _NATIVE_END = re.compile(rf"^dlopen (.*?) {_NUMBER} ms(?: failed (.*?))?(?:; (.*))?$", re.DOTALL)
 
+# An import's start (`> NAME`) or end (`< NAME 1.234 ms [failed ...]`) on a line of printable ASCII; other
+# lines, and modules whose names read as another kind's line (`> dlopen x`), take the general path.
+_IMPORT_LINE = re.compile(
+    r"^\[importwatch (\d{1,10})(?: r(\d{1,10}))? (\d\d:\d\d:\d\d\.\d\d\d)(?: (\S+))?\] ( *)([<>]) "
+    rf"(?!dlopen |phase |step )(\S+)(?: {_NUMBER} ms(?: failed (.*))?)?$"
+)
 # A line longer than this is not one of ours (the longest, a library listing, is tens of KiB).
 MAX_LINE = 1 << 20
 # Bounds on what a line of ours can say: pids and ranks, durations (a year), clock times
@@ -119,8 +125,9 @@ def read_line(line: str) -> Event | None:
     BadLine for one that claims to be ours and cannot be read: malformed JSON, nesting
     too deep, NaN or out-of-range numbers, fields of the wrong type, an overlong line.
     """
-    line = line.rstrip("\r\n")
-    if line.startswith("{"):
+    if line[-1:] in ("\n", "\r"):
+        line = line.rstrip("\r\n")
+    if line[:1] == "{":
         if len(line) > MAX_LINE:
             raise BadLine("overlong line")
         return _parse_json(line)
@@ -128,6 +135,24 @@ def read_line(line: str) -> Event | None:
         return None
     if len(line) > MAX_LINE:
         raise BadLine("overlong line")
+    # Most lines of a log are an import's start or end in printable ASCII: one match reads them.
+    match = _IMPORT_LINE.match(line) if line.isascii() and line.isprintable() else None
+    if match is not None:
+        pid, rank, clock, thread, indent, marker, name, ms, error = match.groups()
+        if (marker == ">") == (ms is None):
+            event = Event(
+                IMPORT if ms is None else IMPORT_END, _bounded(int(pid)), thread or "MainThread", ""
+            )
+            event.text = line[match.start(5) :]
+            event.name = name
+            event.clock = clock
+            event.depth = len(indent) // 2
+            if ms is not None:
+                event.ms = _ms(ms)
+                event.error = error
+            if rank is not None:
+                event.rank = _bounded(int(rank))
+            return event
     match = _TEXT.match(line)
     if match is None:
         raise BadLine("a malformed [importwatch ...] prefix")

@@ -242,22 +242,42 @@ _CLOCK_SLACK = 0.002
 
 
 class _Clock:
-    """Turns an event's time into seconds on one axis: epoch time (JSON) or clock time past midnights."""
+    """Turns an event's time into seconds on one axis: epoch time (JSON) or clock time past midnights.
+
+    Lines come many to a second: the work of a whole second is done once per second.
+    """
 
     def __init__(self) -> None:
         self.days = 0.0
         self.last: float | None = None
+        self._second = ""  # HH:MM:SS of the last text line, and its seconds since midnight
+        self._base = 0.0
+        self._epoch = -1  # the whole second of the last JSON line, and its HH:MM:SS.
+        self._text = ""
 
     def seconds(self, event: Event) -> float:
         if event.time is not None:
             return event.time
         clock = event.clock
-        value = int(clock[:2]) * 3600 + int(clock[3:5]) * 60 + float(clock[6:]) + self.days
+        if clock[:8] != self._second:
+            self._second = clock[:8]
+            self._base = int(clock[:2]) * 3600 + int(clock[3:5]) * 60 + int(clock[6:8])
+        value = self._base + int(clock[9:12]) / 1000.0 + self.days
         if self.last is not None and value < self.last - _HALF_DAY:
             self.days += _DAY
             value += _DAY
         self.last = value
         return value
+
+    def stamp(self, event: Event, seconds: float) -> str:
+        """HH:MM:SS.mmm: a text line's own; local time for a JSON line's epoch time."""
+        if event.clock:
+            return event.clock
+        whole = int(seconds)
+        if whole != self._epoch:
+            self._epoch = whole
+            self._text = time.strftime("%H:%M:%S", time.localtime(whole))
+        return f"{self._text}.{int((seconds - whole) * 1000):03d}"
 
 
 class Skipped:
@@ -380,7 +400,7 @@ class Timeline:
 
     def add(self, event: Event) -> None:
         when = self.clock.seconds(event)
-        stamp = event.clock or _clock_text(when)
+        stamp = self.clock.stamp(event, when)
         process = self.current.get(event.pid)
         if process is None or (event.kind == "start" and process.start_text):
             run = process.run + 1 if process is not None else 1
@@ -556,9 +576,3 @@ def _place(nodes: list[Node], low: int, high: int | None, origin: float) -> None
         node.begin, node.end = begin, end
         _place(node.children, begin, end, origin)
         cursor = end
-
-
-def _clock_text(seconds: float) -> str:
-    """HH:MM:SS.mmm local time for an epoch time (JSON logs carry no clock text)."""
-    whole = int(seconds)
-    return time.strftime("%H:%M:%S", time.localtime(whole)) + f".{int((seconds - whole) * 1000):03d}"
