@@ -141,14 +141,17 @@ class BlockingSteps:
         if original is None or hasattr(original, _MARK):
             return
         sink = self.sink
+        safely = self.tracer.safely
+
+        def note(sent: tuple[int, int]) -> None:
+            pid, name = sent[0], _signal_name(sent[1])
+            sink.event(
+                "signal", f"signal {name} to child {pid} (multiprocessing)", {"signal": name, "child": pid}
+            )
 
         def _send_signal(self: Any, sig: int) -> Any:
             if self.returncode is None:  # as the original: a child already reaped is not signalled
-                signals = sys.modules.get("signal")  # multiprocessing imported it
-                name = (
-                    signals.Signals(sig).name if signals is not None and sig in signals.Signals else str(sig)
-                )
-                sink.event("signal", f"signal {name} to child {self.pid} (multiprocessing)", {"signal": name})
+                safely(note, (self.pid, sig))
             return original(self, sig)
 
         self._replace(popen, "_send_signal", _send_signal, original)
@@ -483,3 +486,12 @@ def _host_port(text: str) -> tuple[str | None, int | None]:
     host, _, port = text.rpartition(":")
     host = host.strip("[]") or None
     return host, int(port) if port.isdigit() else None
+
+
+def _signal_name(number: int) -> str:
+    """SIGTERM for 15; the number itself for one the signal module does not name."""
+    signals = sys.modules.get("signal")  # multiprocessing imported it
+    try:
+        return signals.Signals(number).name  # type: ignore[union-attr]
+    except (AttributeError, ValueError, TypeError):
+        return str(number)
