@@ -96,8 +96,11 @@ def main(args: list[str]) -> int:
     if skipped.count and options.format != "summary":  # the summary says it itself
         _note(str(skipped))
     if options.output is None:
-        sys.stdout.write(text)
-        sys.stdout.flush()
+        try:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        except BrokenPipeError:  # `report LOG | head`: the reader has what it wanted
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_OK
     try:
         with open(options.output, "w", encoding="utf-8") as file:

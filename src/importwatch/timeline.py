@@ -512,6 +512,8 @@ class Timeline:
         what the child imported meanwhile is nested inside, so the node adopts it (without
         the trees: all that ended at that level, which in a fork child is all since it began).
         """
+        if process.orphans >= MAX_DEPTH:  # each would nest the last: as deep as a crafted log likes
+            raise BadLine("more ends without their start than a fork can inherit")
         process.orphans += 1
         parent = thread.stack[-1] if thread.stack else None
         process.seq += 1
