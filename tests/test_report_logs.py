@@ -242,6 +242,27 @@ def test_pool_workers_terminated_mid_import_read_as_terminated_not_hung(tmp_path
 
 
 @pytest.mark.timeout(60)
+def test_an_exit_on_stall_is_the_headline(tmp_path):
+    log = tmp_path / "hung.log"
+    script = hung_program(tmp_path / "prog", native=False)
+    command = [sys.executable, "-m", "importwatch", "--timeout", "0.5", "--exit-on-stall", "--no-watcher"]
+    ran = subprocess.run(
+        [*command, "--log", str(log), str(script)],
+        cwd=script.parent,
+        env=clean_env(),
+        capture_output=True,
+        timeout=30,
+    )
+    assert ran.returncode == 1
+    out = report(log).stdout
+    assert out.split("\n", 1)[0].endswith(
+        ": ended during import: exiting with status 1 (--exit-on-stall), with in flight: "
+        "MainThread: hangpkg > hangpkg.slow"
+    ), out
+    assert "  in flight when --exit-on-stall ended the process: hangpkg > hangpkg.slow\n" in out
+
+
+@pytest.mark.timeout(60)
 def test_a_chain_cut_by_the_logs_end_is_still_read_as_a_hang(tmp_path):
     log = tmp_path / "hung.log"
     pid = run_until_stalled(hung_program(tmp_path / "prog", native=False), log, "STALL", watcher=False)

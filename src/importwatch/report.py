@@ -342,7 +342,7 @@ def _ending_headline(ending: Ending, in_flight: list[tuple[Thread, list[Node]]])
         f"{thread.name}: {' > '.join(node.label for node in chain)}" for thread, chain in in_flight
     )
     if ending.what == EXIT:
-        return f"ended by --exit-on-stall during import ({ending.text}) with in flight: {chains}"
+        return f"ended during import: {ending.text}, with in flight: {chains}"
     return f"ended by a signal during import: {ending.text}, with in flight: {chains}"
 
 
