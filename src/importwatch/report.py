@@ -33,12 +33,15 @@ IMPORTTIME_HEADER = "import time: self [us] | cumulative | imported package"
 
 DESCRIPTION = """\
 Read an importwatch log (text or .jsonl), also one cut off by a kill or a hang,
-also one that several processes appended to.
+also one that several processes appended to. Lines that cannot be read are
+skipped and counted; names are printed with control characters escaped.
 
 formats:
-  summary     per process: start-up time, slowest imports by self and cumulative
-              time, native loads, what was still in flight when the log ends
-              (the hang), stall reports and warnings (default)
+  summary     per process: how it died when the log says so (first), start-up
+              time, slowest imports by self and cumulative time, native loads,
+              what was still in flight (the hang, or what the death cut short),
+              stall reports, warnings and verdicts (default; streamed: its
+              memory does not grow with the log)
   tree        the import tree of each thread with cumulative and self times
   importtime  python -X importtime's text, for tuna and importtime-waterfall;
               imports that never ended are named "NAME [unfinished]"
