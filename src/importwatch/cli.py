@@ -43,6 +43,8 @@ options (each has an environment twin, used with IMPORTWATCH=1):
                     what each thread does on a stall, and how the program died
                     if it dies mid-import (IMPORTWATCH_WATCHER=1/0; default: on
                     here, off with IMPORTWATCH=1)
+  --dump-on-sigusr1 dump every thread's stack on SIGUSR1 instead of letting
+                    it end the program (IMPORTWATCH_DUMP_ON_SIGUSR1=1; off by default)
   -h, --help        show this help and exit
   --version         show the version and exit
 
@@ -88,6 +90,8 @@ def parse(args: list[str]) -> tuple[dict | None, Target | None]:
             options["exit_on_stall"] = True
         elif arg in ("--watcher", "--no-watcher"):
             options["watcher"] = arg == "--watcher"
+        elif arg == "--dump-on-sigusr1":
+            options["dump_on_sigusr1"] = True
         else:
             return options, target_at(args, index, "importwatch")
         index += 1
@@ -119,6 +123,7 @@ def _run(options: dict, target: Target) -> int:
         log=options.get("log", env_settings.log),
         exit_on_stall=options.get("exit_on_stall", env_settings.exit_on_stall),
         watcher=options.get("watcher", env_settings.watcher is not False),
+        dump_on_sigusr1=options.get("dump_on_sigusr1", env_settings.dump_on_sigusr1),
     )
     # The target's children (workers, torchrun's ranks) trace themselves through the .pth.
     os.environ.update(config.to_env(settings))

@@ -12,6 +12,7 @@ ENV_TIMEOUT = "IMPORTWATCH_TIMEOUT"
 ENV_LOG = "IMPORTWATCH_LOG"
 ENV_EXIT_ON_STALL = "IMPORTWATCH_EXIT_ON_STALL"
 ENV_WATCHER = "IMPORTWATCH_WATCHER"
+ENV_DUMP_ON_SIGUSR1 = "IMPORTWATCH_DUMP_ON_SIGUSR1"
 
 _FALSE = ("", "0", "no", "false", "off")
 _TRUE = ("1", "yes", "true", "on")
@@ -24,7 +25,7 @@ class ConfigError(ValueError):
 class Settings:
     """What one traced process does; immutable once built."""
 
-    __slots__ = ("exit_on_stall", "log", "timeout", "watcher")
+    __slots__ = ("dump_on_sigusr1", "exit_on_stall", "log", "timeout", "watcher")
 
     def __init__(
         self,
@@ -32,12 +33,15 @@ class Settings:
         log: str | None = None,
         exit_on_stall: bool = False,
         watcher: bool | None = None,
+        dump_on_sigusr1: bool = False,
     ) -> None:
         object.__setattr__(self, "timeout", timeout)
         object.__setattr__(self, "log", log)
         object.__setattr__(self, "exit_on_stall", exit_on_stall)
         # The watcher process: None means not asked, which is off (the runner turns it on).
         object.__setattr__(self, "watcher", watcher)
+        # SIGUSR1's default action ends a process, and batch schedulers rely on it: opt-in only.
+        object.__setattr__(self, "dump_on_sigusr1", dump_on_sigusr1)
 
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError("Settings are immutable")
@@ -45,13 +49,13 @@ class Settings:
     def __repr__(self) -> str:
         return (
             f"Settings(timeout={self.timeout!r}, log={self.log!r}, exit_on_stall={self.exit_on_stall!r}, "
-            f"watcher={self.watcher!r})"
+            f"watcher={self.watcher!r}, dump_on_sigusr1={self.dump_on_sigusr1!r})"
         )
 
 
 def is_on(environ: dict[str, str] | os._Environ[str] = os.environ) -> bool:
-    """True when IMPORTWATCH asks for tracing: set to anything but empty or 0."""
-    return environ.get(ENV_ON, "0") not in ("", "0")
+    """True when IMPORTWATCH asks for tracing: set to anything but an off word (empty, 0, no, false, off)."""
+    return environ.get(ENV_ON, "").strip().lower() not in _FALSE
 
 
 def parse_timeout(text: str, source: str) -> float:
@@ -99,7 +103,9 @@ def from_env(
     exit_on_stall = read(ENV_EXIT_ON_STALL, parse_flag, False, "0")
     watcher = read(ENV_WATCHER, parse_flag, None, "the default")
     log = environ.get(ENV_LOG) or None
-    return Settings(timeout=timeout, log=log, exit_on_stall=exit_on_stall, watcher=watcher), warnings
+    dump_on_sigusr1 = read(ENV_DUMP_ON_SIGUSR1, parse_flag, False, "0")
+    settings = Settings(timeout, log, exit_on_stall, watcher, dump_on_sigusr1)
+    return settings, warnings
 
 
 def to_env(settings: Settings) -> dict[str, str]:
@@ -111,6 +117,7 @@ def to_env(settings: Settings) -> dict[str, str]:
         ENV_TIMEOUT: repr(settings.timeout),
         ENV_LOG: log,
         ENV_EXIT_ON_STALL: "1" if settings.exit_on_stall else "0",
+        ENV_DUMP_ON_SIGUSR1: "1" if settings.dump_on_sigusr1 else "0",
     }
 
 

@@ -2,21 +2,33 @@
 
 from __future__ import annotations
 
+import _frozen_importlib as _bootstrap
 import _signal  # not signal: that one imports enum at start-up
+import _thread
 import faulthandler
 import os
 import sys
+import time
 
 from importwatch import banner, config, phases
 from importwatch.blocking import BlockingSteps
-from importwatch.hook import Tracer
+from importwatch.faults import SharedFaulthandler
+from importwatch.hook import Tracer, as_importlib_frame
 from importwatch.log import Sink
 from importwatch.native import NativeLoads
 from importwatch.watchdog import Watchdog
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Any, Callable
+
     from importwatch.config import Settings
+
+# Python 3.12+ warns at os.fork() when the process has more than one thread, counted by the kernel
+# (/proc/self/stat); from 3.13 after the after-fork hooks have run, so also a thread they start.
+_FORK_WARNS = sys.version_info >= (3, 12)
+# How long a fork may wait for the threads we ended to be gone from the kernel's count.
+_THREADS_GONE_WAIT = 0.05
 
 
 class Tracing:
@@ -29,8 +41,18 @@ class Tracing:
         self.native = NativeLoads(self.tracer)
         self.blocking = BlockingSteps(self.tracer)
         self.watchdog: Watchdog | None = None
+        self.faults = SharedFaulthandler()
         self._usr1 = False
         self.spawning = False  # our own fork (starting the watcher): the fork hooks stay out of it
+        threading = sys.modules.get("threading")
+        self._main_ident = threading.main_thread().ident if threading is not None else _thread.get_ident()
+        # This process has no interpreter main thread (see Watchdog.main_gone).
+        self.main_gone = False
+        self._forker = 0  # the thread that forks, between the fork hooks
+        self._fork_alone = False  # no thread but the forking one was left at the fork
+        # In a fork child, until its first import: the parent's pid (see _child_starts).
+        self._child_of: int | None = None
+        self._child_lock = _thread.allocate_lock()
 
     def start(self, argv: list[str], warnings: list[str]) -> None:
         self._open_log()
@@ -44,6 +66,7 @@ class Tracing:
         self.native.install()
         self.blocking.install()  # torch's init steps, wrapped when (and if) their modules arrive
         phases.bind(self.tracer)
+        self.faults.install()
         self._start_faulthandler()
         self._start_watchdog()
 
@@ -74,6 +97,7 @@ class Tracing:
         if self._usr1:
             faulthandler.unregister(_signal.SIGUSR1)
             self._usr1 = False
+        self.faults.uninstall()
         self.sink.close_feed()
         self.sink.close_log()
 
@@ -83,7 +107,9 @@ class Tracing:
 
     def _start_watchdog(self) -> None:
         if self.settings.timeout > 0:
-            self.watchdog = Watchdog(self.tracer, self.settings.timeout, self.settings.exit_on_stall)
+            settings = self.settings
+            self.watchdog = Watchdog(self.tracer, settings.timeout, settings.exit_on_stall, self.faults)
+            self.watchdog.main_gone = self.main_gone
             self.watchdog.start()
 
     def _start_watcher(self) -> None:
@@ -109,13 +135,15 @@ class Tracing:
             self.sink.feed_line(f"#mapped {path}")
 
     def _start_faulthandler(self) -> None:
-        """Fatal signals and SIGUSR1 dump every thread's stack where our lines go."""
+        """Fatal signals dump every thread's stack where our lines go; SIGUSR1 too when asked for."""
         fd = self.sink.dump_fd()
         try:
-            if not faulthandler.is_enabled() or fd != 2:
-                faulthandler.enable(fd, all_threads=True)
-            # SIGUSR1 dumps on demand, unless the program has a handler of its own.
-            if self._usr1 or _signal.getsignal(_signal.SIGUSR1) == _signal.SIG_DFL:
+            self.faults.enable_ours(fd)
+            # SIGUSR1 ends a process by default, and schedulers rely on it: changed only on request,
+            # and never when the program has a handler of its own.
+            if self.settings.dump_on_sigusr1 and (
+                self._usr1 or _signal.getsignal(_signal.SIGUSR1) == _signal.SIG_DFL
+            ):
                 faulthandler.register(_signal.SIGUSR1, fd, all_threads=True, chain=False)
                 self._usr1 = True
         except (OSError, ValueError, RuntimeError) as error:
@@ -123,24 +151,89 @@ class Tracing:
 
     # -- fork ----------------------------------------------------------------
     def before_fork(self) -> None:
-        if self.watchdog is not None:
-            self.watchdog.before_fork()
+        """Leave at the fork only the threads the program has, and the timer as it armed it.
+
+        Our heartbeat and our deadline's timer thread end here (see Watchdog.before_fork);
+        on 3.12+ the fork then waits (briefly) until the kernel no longer counts them, if
+        the program's warning about forking with threads depends on it.
+        """
+        self._forker = _thread.get_ident()
+        threads = _count_threads() if _FORK_WARNS else 0
+        timer_before = self.faults.thread_alive(time.monotonic())
+        ended = self.watchdog.before_fork() if self.watchdog is not None else False
+        timer_after = self.faults.before_fork()
+        expected = threads - ended - timer_before + timer_after
+        self._fork_alone = _FORK_WARNS and expected <= 1
+        if self._fork_alone and threads > expected:
+            deadline = time.monotonic() + _THREADS_GONE_WAIT
+            while _count_threads() > expected and time.monotonic() < deadline:
+                time.sleep(0.0002)
 
     def after_fork(self, in_child: bool) -> None:
-        if in_child:
-            self.sink.close_feed()  # the watcher follows this process, not its children
-            parent = self.sink.pid
-            self.sink.after_fork_in_child()
-            self.tracer.after_fork_in_child()
-            log = self.settings.log
-            if log and ("{pid}" in log or os.path.isdir(os.path.expanduser(log))):
-                self.sink.close_log()
-                self._open_log()
-                self._start_faulthandler()  # its descriptor was the parent's file, now closed
-            # A worker that imports nothing new would otherwise leave no trace of its pid.
-            self.sink.event("fork", f"fork child of {parent}", {"parent": parent})
+        self.faults.after_fork(in_child)
+        if not in_child:
+            # Where the program alone forked a single-threaded process, a heartbeat started
+            # now would count for the warning (3.13 counts after these hooks): the next
+            # step starts it (see Watchdog.after_fork).
+            if self.watchdog is not None:
+                self.watchdog.after_fork(False, restart=not self._fork_alone)
+            return
+        self.sink.close_feed()  # the watcher follows this process, not its children
+        parent = self.sink.pid
+        self.sink.after_fork_in_child()
+        self.tracer.after_fork_in_child()
+        self.main_gone = self.main_gone or self._forker != self._main_ident
+        self._main_ident = _thread.get_ident()
+        self._child_lock = _thread.allocate_lock()
+        # Nothing more until the child's first import: a fork followed by exec costs nothing.
+        self._child_of = parent
         if self.watchdog is not None:
-            self.watchdog.after_fork(in_child)
+            self.watchdog.on_wake = self._child_starts
+            self.watchdog.after_fork(True, main_gone=self.main_gone)
+        if self.tracer.installed:
+            self._await_first_import()
+
+    def _await_first_import(self) -> None:
+        """Put a one-time wrapper before the tracer's own that starts the child at its first import."""
+        inner = _bootstrap._find_and_load
+        tracing = self
+
+        def _find_and_load(name: str, import_: Callable) -> Any:
+            if name not in sys.modules:
+                tracing._first_import(first, inner)
+            return inner(name, import_)
+
+        first = as_importlib_frame(_find_and_load)
+        _bootstrap._find_and_load = first
+
+    def _first_import(self, first: Callable, inner: Callable) -> None:
+        if _bootstrap._find_and_load is first:
+            _bootstrap._find_and_load = inner
+        if self.watchdog is not None:
+            self.watchdog.wake_up()  # runs _child_starts first
+        self._child_starts()
+
+    def _child_starts(self) -> None:
+        """A fork child's own start, at its first step: its log file, and the line that names its parent."""
+        with self._child_lock:
+            parent, self._child_of = self._child_of, None
+        if parent is None:
+            return
+        log = self.settings.log
+        if log and ("{pid}" in log or os.path.isdir(os.path.expanduser(log))):
+            self.sink.close_log()
+            self._open_log()
+            self._start_faulthandler()  # its descriptor was the parent's file, now closed
+        self.sink.event("fork", f"fork child of {parent}", {"parent": parent})
+
+
+def _count_threads() -> int:
+    """The process's threads as the kernel counts them (and as Python's fork warning does)."""
+    try:
+        with open("/proc/self/stat", "rb") as stat:
+            return int(stat.read().rsplit(b")", 1)[1].split()[17])
+    except (OSError, IndexError, ValueError):
+        return 0
 
 
 _active: Tracing | None = None
@@ -228,38 +321,11 @@ def _register_process_hooks() -> None:
     )
 
 
-# Python 3.12 warns at os.fork() when other threads run; the only other thread may be
-# our heartbeat, which is safe to fork past. Silence that one warning for that one call.
-_FORK_WARNING = ("ignore", None, DeprecationWarning, None, 0)
-
-
 def _before_fork() -> None:
-    if _active is None or _active.spawning:
-        return
-    _active.before_fork()
-    warnings = sys.modules.get("warnings")
-    if warnings is not None and _only_our_threads():
-        warnings.filters.insert(0, _FORK_WARNING)
-        warnings._filters_mutated()
+    if _active is not None and not _active.spawning:
+        _active.before_fork()
 
 
 def _after_fork(in_child: bool) -> None:
-    warnings = sys.modules.get("warnings")
-    if warnings is not None and _FORK_WARNING in warnings.filters:
-        warnings.filters.remove(_FORK_WARNING)
-        warnings._filters_mutated()
     if _active is not None and not _active.spawning:
         _active.after_fork(in_child)
-
-
-def _only_our_threads() -> bool:
-    """True when no thread but the main one and our heartbeat is running."""
-    threading = sys.modules.get("threading")
-    if threading is not None and len(threading._active) + len(threading._limbo) > 1:
-        return False
-    try:
-        with open("/proc/self/stat", "rb") as stat:
-            fields = stat.read().rsplit(b")", 1)[1].split()
-        return int(fields[17]) <= 2  # num_threads: ours and the caller
-    except (OSError, IndexError, ValueError):
-        return False

@@ -14,12 +14,16 @@ from __future__ import annotations
 import _thread
 import faulthandler
 import os
+import sys
 import time
 
+from importwatch.faults import SharedFaulthandler
 from importwatch.hook import NEVER
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Callable
+
     from importwatch.hook import Frame, Tracer
 
 # Reports repeat while a stall lasts, each interval twice the one before.
@@ -31,6 +35,9 @@ _BUSY = 0.5
 _LOOK = 0.2
 # How long stop() waits for the heartbeat to end (it is woken first, so this is only a bound).
 _STOP_WAIT = 1.0
+# In a process whose interpreter main thread is gone (a fork child of another thread), how often the
+# heartbeat looks whether it is the last thread left: then it leaves, so the process can end.
+_ALONE_LOOK = 0.05
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -47,8 +54,15 @@ def _cpu_seconds(stat_path: str) -> float | None:
 class Watchdog:
     """Watches the steps in flight of one Tracer and reports those that make no progress."""
 
-    def __init__(self, tracer: Tracer, timeout: float, exit_on_stall: bool = False) -> None:
+    def __init__(
+        self,
+        tracer: Tracer,
+        timeout: float,
+        exit_on_stall: bool = False,
+        faults: SharedFaulthandler | None = None,
+    ) -> None:
         self.tracer = tracer
+        self.faults = SharedFaulthandler() if faults is None else faults  # the timer, shared with the program
         self.sink = tracer.sink
         self.timeout = timeout
         self.exit_on_stall = exit_on_stall
@@ -68,25 +82,49 @@ class Watchdog:
         self._stalled: dict[int, tuple[Frame, float, int]] = {}  # ident: frame, since, reports
         self._gone: _thread.LockType | None = None  # released when the heartbeat has ended
         self._heartbeat_ident = 0
+        # On, but with no heartbeat yet: after a fork, the next step starts it (see after_fork).
+        self._dormant = False
+        self._forking = False  # between before_fork and after_fork: nothing starts a heartbeat
+        # Run once when the dormant watchdog wakes, before the step that woke it is logged.
+        self.on_wake: Callable[[], None] | None = None
+        # The interpreter's main thread is not in this process (a fork child of another thread):
+        # no exit handler will ever stop the heartbeat, which must not outlive the program's threads.
+        self.main_gone = False
 
     # -- life cycle ---------------------------------------------------------------
     def start(self) -> None:
         if self._running:
             return
         self._running = True
-        self._generation += 1
         self.tracer.on_progress = self._on_progress
         self._tell_due()
         self.tracer.on_gil_held = self._guard
         self.tracer.on_gil_released = self._unguard
         self.tracer.on_deadline = self._step_begins
+        self._start_heartbeat()
+
+    def _start_heartbeat(self) -> None:
+        self._generation += 1
         self._gone = _thread.allocate_lock()  # held by the heartbeat until it has ended
         self._gone.acquire()
         _thread.start_new_thread(self._heartbeat, (self._generation, self._gone))
 
+    def wake_up(self) -> None:
+        """The first step since a fork: start the heartbeat (and the child's own start, on_wake)."""
+        with self._lock:
+            if not self._dormant or self._forking or not self._running:
+                return
+            self._dormant = False
+            on_wake, self.on_wake = self.on_wake, None
+        if on_wake is not None:
+            on_wake()
+        self._tell_due()
+        self._start_heartbeat()
+
     def stop(self) -> None:
         with self._lock:
             was_running, self._running = self._running, False
+            self._dormant = False
             self._generation += 1
             self._disarm()
         self.wake()
@@ -97,7 +135,7 @@ class Watchdog:
             self.tracer.on_progress = None
             self.tracer.on_gil_held = self.tracer.on_gil_released = self.tracer.on_deadline = None
 
-    def _await_heartbeat(self) -> None:
+    def _await_heartbeat(self) -> bool:
         """Let the woken heartbeat end before the interpreter finalises (stop() runs at exit).
 
         A thread still starting or waking while Python shuts down is a known way to crash it. A
@@ -106,9 +144,12 @@ class Watchdog:
         """
         gone = self._gone
         if gone is None or _thread.get_ident() == self._heartbeat_ident:
-            return
+            return False
         if gone.acquire(timeout=_STOP_WAIT):
             gone.release()
+            self._gone = None
+            return True
+        return False
 
     def _step_begins(self, timeout: float | None) -> None:
         """A step began (see Tracer.on_deadline) with its own threshold TIMEOUT, or the watchdog's.
@@ -117,6 +158,8 @@ class Watchdog:
         GIL at once would keep the heartbeat from arming it: cover it here. Wake the
         heartbeat only if its next look would come too late for this step.
         """
+        if self._dormant:
+            self.wake_up()
         limit = self.timeout if timeout is None else timeout
         if limit <= 0:
             return
@@ -139,20 +182,54 @@ class Watchdog:
         wake.acquire()
         return wake
 
-    def before_fork(self) -> None:
-        # A process forked while faulthandler's timer is armed can hang when the child exits.
-        self._disarm()
+    # -- fork ------------------------------------------------------------------------------
+    def before_fork(self) -> bool:
+        """End the heartbeat and cancel our deadline, and keep them so until after_fork; True if it ran.
 
-    def after_fork(self, in_child: bool) -> None:
+        Two reasons. A thread of ours alive at the fork is one more thread for Python's
+        3.12+ warning about forking a multi-threaded process (plain python would print
+        it only for the program's own threads). And a timer armed at the fork has no
+        thread in the child, whose cancel (at its exit, or our next arming) would then
+        wait for that thread for ever. So the lock that arming takes is held from here
+        across the fork: no other thread can arm the timer between the cancel and the fork.
+        The heartbeat is ended first, without the lock, since it may be waiting for it.
+        """
+        with self._lock:
+            self._forking = True  # no heartbeat starts from here on (see wake_up)
+            beating = self._gone is not None
+            self._generation += 1
+        self.wake()
+        ended = beating and self._await_heartbeat()
+        self._lock.acquire()  # released in after_fork, in the parent; the child makes a new one
+        self._disarm()
+        return ended
+
+    def after_fork(self, in_child: bool, restart: bool = True, main_gone: bool = False) -> None:
+        """Back from the fork: the heartbeat again now (RESTART), or at the next step (see wake_up).
+
+        The child always waits for its first step: a fork followed by exec (subprocess's
+        preexec_fn) then costs no thread and prints nothing. MAIN_GONE: the child of a
+        thread other than the interpreter's main one, which ends when its threads do.
+        """
         if in_child:
-            self._lock = _thread.RLock()  # the heartbeat may have held it at the fork
+            self._lock = _thread.RLock()  # held across the fork by the parent's before_fork
             self._wake = self._new_wake()
             self._gone = None  # the parent's heartbeat: no thread here will release it
-        if in_child and self._running:
             self._stalled.clear()
+            self._armed_for = None
+            self.main_gone = self.main_gone or main_gone
+            restart = False
+        self._forking = False
+        if not in_child:
+            self._lock.release()
+        if not self._running:
+            return
+        if restart:
             self._tell_due()
-            self._running = False
-            self.start()  # threads do not survive a fork
+            self._start_heartbeat()
+        else:
+            self._dormant = True
+            self._tell_due()  # the next step's end wakes it, as does the next step's start
 
     # -- the heartbeat ----------------------------------------------------------------
     def _heartbeat(self, generation: int, gone: _thread.LockType) -> None:
@@ -167,15 +244,33 @@ class Watchdog:
         wake = self._wake
         pause = self.interval
         while self._running and generation == self._generation:
+            if self.main_gone:
+                pause = min(pause, _ALONE_LOOK)
             self._next_look = time.monotonic() + pause
             wake.acquire(timeout=pause)
             if not self._running or generation != self._generation:
                 break  # stopped while asleep: the interpreter may be finalising
+            if self.main_gone and self._alone():
+                self._leave()
+                break
             try:
                 pause = self.check(time.monotonic())
             except Exception as error:  # never let the watchdog die silently
                 self.sink.warn(f"watchdog error: {type(error).__name__}: {error}")
                 pause = self.interval
+
+    def _alone(self) -> bool:
+        """No Python thread left but the heartbeat: the program has ended its last thread."""
+        return len(sys._current_frames()) <= 1
+
+    def _leave(self) -> None:
+        """The program's last thread has gone: cancel our deadline and let the process end as it would."""
+        with self._lock:
+            if self._forking:
+                return
+            self._disarm()
+            self._dormant = True  # should a thread appear after all, its next step starts a heartbeat
+            self._gone = None
 
     def check(self, now: float) -> float:
         """One look at what is in flight: report stalls, keep faulthandler's deadline current.
@@ -307,6 +402,8 @@ class Watchdog:
     def _on_progress(self, now: float) -> None:
         """Called by the tracer at a step's end once it is due (see _tell_due): say when a stalled
         thread moved on."""
+        if self._dormant:
+            self.wake_up()
         if not self._stalled and (self._armed_for is None or now < self._armed_for):
             return
         ident = _thread.get_ident()
@@ -333,10 +430,13 @@ class Watchdog:
         """
         with self._lock:
             armed = self._armed_for
-            self.tracer.progress_due = 0.0 if self._stalled else (NEVER if armed is None else armed)
+            due = NEVER if armed is None else armed
+            self.tracer.progress_due = 0.0 if self._stalled or self._dormant else due
 
     def _guard(self, frame: Frame) -> None:
         """Before a dlopen: the heartbeat may not run again until it returns, so the C timer must be armed."""
+        if self._dormant:
+            self.wake_up()
         self._cover(frame.start, self.timeout)
 
     def _cover(self, start: float, limit: float) -> None:
@@ -387,18 +487,14 @@ class Watchdog:
                 armed is not None
                 and deadline - self.longest < armed <= deadline
                 and armed - now > 2 * self.interval
+                and self.faults.holds_ours(armed)  # not replaced by an earlier deadline of the program's
             ):
                 return
             self._arm_now(deadline, now)
 
     def _arm_now(self, deadline: float, now: float) -> None:
         try:
-            faulthandler.dump_traceback_later(
-                max(deadline - now, 0.01),
-                repeat=False,
-                file=self.sink.dump_fd(),
-                exit=self.exit_on_stall,
-            )
+            self.faults.arm_ours(deadline, now, self.sink.dump_fd(), self.exit_on_stall)
         except (OSError, ValueError, RuntimeError) as error:
             self.sink.warn(f"cannot arm faulthandler's timer: {error}")
             return
@@ -408,6 +504,6 @@ class Watchdog:
     def _disarm(self) -> None:
         with self._lock:
             if self._armed_for is not None:
-                faulthandler.cancel_dump_traceback_later()
+                self.faults.cancel_ours()
                 self._armed_for = None
                 self._tell_due()

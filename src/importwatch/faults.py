@@ -1,0 +1,209 @@
+"""faulthandler shared with the program: its one timer serves both deadlines, and reads back as the program set it.
+
+faulthandler has one timer and one fatal-signal handler per process. The
+watchdog needs the timer (only faulthandler's C thread can dump while a dlopen
+holds the GIL), and the program may arm it too (`dump_traceback_later(60,
+exit=True)`, pytest's `faulthandler_timeout`). So while tracing is on, the
+module's functions are replaced by ones that record what the program asked
+for, and the C timer is armed for whichever deadline comes first; when it is
+the program's, with the program's own file, repeat and exit, exactly as it
+asked. `is_enabled()` answers what the program set, not what we set.
+
+What cannot be shared (the README's Limits say it too): when our deadline came
+first and fired while the GIL was held, the program's later deadline is armed
+again only once Python runs again, so its dump (and exit) may come late; a
+repeating timer of the program's restarts its period then. When the program
+enables faulthandler with a file of its own, fatal-signal dumps go to that file,
+not to our log; when it disables it, ours stays on (is_enabled() reads False).
+"""
+
+from __future__ import annotations
+
+import _thread
+import faulthandler
+import sys
+import time
+
+_NAMES = ("enable", "disable", "is_enabled", "dump_traceback_later", "cancel_dump_traceback_later")
+# The shortest delay we arm: faulthandler refuses 0, and a deadline already passed is due at once.
+_SOON = 0.01
+
+
+class _Request:
+    """A deadline the program or the watchdog asked for."""
+
+    __slots__ = ("deadline", "exit", "file", "ours", "period", "repeat")
+
+    def __init__(self, deadline: float, period: float, repeat: bool, file: object, exit: bool, ours: bool):
+        self.deadline = deadline
+        self.period = period
+        self.repeat = repeat
+        self.file = file
+        self.exit = exit
+        self.ours = ours
+
+
+def _bind(timeout: float, repeat: bool = False, file: object = None, exit: bool = False):
+    """dump_traceback_later's own signature, to read what the program passed."""
+    return timeout, repeat, file, exit
+
+
+class SharedFaulthandler:
+    """Installed on the faulthandler module while tracing is on; the watchdog arms through it."""
+
+    def __init__(self) -> None:
+        self.real = {name: getattr(faulthandler, name) for name in _NAMES}
+        self._lock = _thread.RLock()
+        self.program_enabled = self.real["is_enabled"]()  # -X faulthandler, PYTHONFAULTHANDLER
+        self._program_file = False  # the program enabled it with a file of its own
+        self._our_fd: int | None = None
+        self._program: _Request | None = None
+        self._ours: _Request | None = None
+        self._armed: _Request | None = None  # what the C timer is armed for now
+        self._untouchable = False  # a fork child that inherited the program's armed timer
+        self.installed = False
+
+    # -- install -------------------------------------------------------------------------
+    def install(self) -> None:
+        if self.installed:
+            return
+        self.installed = True
+        for name in _NAMES:
+            setattr(faulthandler, name, getattr(self, f"_program_{name}"))
+
+    def uninstall(self) -> None:
+        """Put faulthandler's own functions back, with the program's timer and state as it set them."""
+        if not self.installed:
+            return
+        with self._lock:
+            self._ours = None
+            self._sync(time.monotonic())
+            if not self.program_enabled and self._our_fd is not None:
+                self.real["disable"]()
+            self._our_fd = None
+        for name in _NAMES:
+            setattr(faulthandler, name, self.real[name])
+        self.installed = False
+
+    # -- our side -----------------------------------------------------------------------
+    def enable_ours(self, fd: int) -> None:
+        """Fatal signals dump to FD, unless the program chose a file of its own."""
+        with self._lock:
+            self._our_fd = fd
+            if not self._program_file:
+                self.real["enable"](fd, all_threads=True)
+
+    def arm_ours(self, deadline: float, now: float, fd: int, exit: bool) -> None:
+        """The watchdog's deadline (a time.monotonic() value); the earlier of it and the program's is armed."""
+        with self._lock:
+            self._ours = _Request(deadline, 0.0, False, fd, exit, ours=True)
+            self._sync(now)
+
+    def cancel_ours(self) -> None:
+        with self._lock:
+            if self._ours is not None:
+                self._ours = None
+                self._sync(time.monotonic())
+
+    def thread_alive(self, now: float) -> bool:
+        """Whether faulthandler's timer thread runs now (armed, and not yet fired once for good)."""
+        armed = self._armed
+        return armed is not None and (armed.repeat or now < armed.deadline)
+
+    def holds_ours(self, deadline: float) -> bool:
+        """True when the C timer is armed for our DEADLINE now."""
+        armed = self._armed
+        return armed is not None and armed.ours and armed.deadline == deadline
+
+    # -- fork -----------------------------------------------------------------------
+    def before_fork(self) -> bool:
+        """Leave the C timer as the program alone would have it at the fork; held until after_fork.
+
+        Our deadline is cancelled (its thread would be missing in the child, whose exit
+        would then wait for it for ever); the program's, if pending, is armed, so that
+        the fork sees the threads plain python would see. Returns whether the C timer
+        is armed across the fork (then for the program).
+        """
+        self._lock.acquire()
+        if self._ours is not None:
+            self._ours = None
+            self._sync(time.monotonic())
+        return self._armed is not None
+
+    def after_fork(self, in_child: bool) -> None:
+        if in_child:
+            self._lock = _thread.RLock()
+            self._ours = None
+            # The program's timer thread did not come along: touching the timer would wait for it for
+            # ever (as the program's own cancel at exit will, exactly as under plain python).
+            self._untouchable = self._armed is not None
+            return
+        self._lock.release()
+
+    # -- the C timer --------------------------------------------------------------
+    def _sync(self, now: float) -> None:
+        """Arm the C timer for the earliest deadline pending, or cancel it when none is."""
+        if self._untouchable:
+            return
+        program = self._program
+        if program is not None and self._armed is program and not program.repeat and now >= program.deadline:
+            self._program = program = None  # it fired (and the program lived on): done, as under plain python
+        ours = self._ours
+        want = ours if ours is not None and (program is None or ours.deadline < program.deadline) else program
+        if want is self._armed:
+            return
+        if want is None:
+            self.real["cancel_dump_traceback_later"]()
+        elif want.ours:
+            self.real["dump_traceback_later"](
+                max(want.deadline - now, _SOON), repeat=False, file=want.file, exit=want.exit
+            )
+        else:
+            # Armed again after our earlier deadline: the first dump when it is due, the repeats
+            # at its period from then (faulthandler has one timeout for both).
+            timeout = want.period if want.repeat else max(want.deadline - now, _SOON)
+            self.real["dump_traceback_later"](timeout, repeat=want.repeat, file=want.file, exit=want.exit)
+            if want.repeat:
+                want.deadline = now + timeout
+        self._armed = want
+
+    # -- the program's side: faulthandler's functions as the program calls them -------------------
+    def _program_enable(self, *args, **kwargs) -> None:
+        with self._lock:
+            self.real["enable"](*args, **kwargs)
+            self.program_enabled = True
+            self._program_file = True
+
+    def _program_disable(self) -> None:
+        with self._lock:
+            self.real["disable"]()
+            self.program_enabled = False
+            self._program_file = False
+            if self._our_fd is not None:  # ours stays on for fatal signals
+                try:
+                    self.real["enable"](self._our_fd, all_threads=True)
+                except (OSError, ValueError, RuntimeError):
+                    pass
+
+    def _program_is_enabled(self) -> bool:
+        return self.program_enabled
+
+    def _program_dump_traceback_later(self, *args, **kwargs) -> None:
+        timeout, repeat, file, exit = _bind(*args, **kwargs)
+        with self._lock:
+            now = time.monotonic()
+            # The real call checks the arguments and raises as it would without us, and arms it.
+            self.real["dump_traceback_later"](*args, **kwargs)
+            request = _Request(now + timeout, timeout, bool(repeat), file if file is not None else sys.stderr,
+                               bool(exit), ours=False)  # fmt: skip
+            self._program = self._armed = request
+            self._untouchable = False  # re-armed by the program itself: a thread of this process
+            self._sync(now)
+
+    def _program_cancel_dump_traceback_later(self) -> None:
+        with self._lock:
+            self._program = None
+            if self._untouchable:
+                self.real["cancel_dump_traceback_later"]()  # the program's own call, as under plain python
+                return
+            self._sync(time.monotonic())
