@@ -81,12 +81,50 @@ def test_variable_switches_tracing_on_in_a_fresh_venv(kind: str, request: pytest
 
 
 @pytest.mark.parametrize("kind", ["installed", "editable"])
-@pytest.mark.parametrize("value", [None, "", "0"])
+@pytest.mark.parametrize("value", [None, "", "0", "false", "no", "off", "OFF", "False", " No "])
 def test_off_means_not_even_imported(kind: str, value: str | None, request: pytest.FixtureRequest) -> None:
     env_dir = request.getfixturevalue(kind)
     env = clean_env() if value is None else clean_env(IMPORTWATCH=value)
     off = subprocess.run([_python(env_dir), "-c", CHECK], capture_output=True, text=True, env=env)
     assert off.stdout == "False []\n" and off.stderr == ""
+
+
+@pytest.mark.parametrize("flag", ["-I", "-E"])
+def test_isolated_and_ignore_environment_keep_it_off(installed: Path, flag: str) -> None:
+    env = clean_env(IMPORTWATCH="1", IMPORTWATCH_LOG="/dev/null")
+    off = subprocess.run([_python(installed), flag, "-c", CHECK], capture_output=True, text=True, env=env)
+    assert off.stdout == "False []\n" and off.stderr == ""
+
+
+def test_the_pth_runs_before_the_other_pth_files(installed: Path) -> None:
+    # Another package's .pth files that import a module, named as setuptools names its own.
+    site = Path(
+        subprocess.run(
+            [_python(installed), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True, text=True, check=True, env=clean_env(),
+        ).stdout.strip()
+    )  # fmt: skip
+    added = {
+        site / "early_a.py": "",
+        site / "early_b.py": "",
+        site / "__editable__.early-1.0.pth": "import early_a\n",
+        site / "distutils-precedence.pth": "import early_b\n",
+    }
+    kept = {path: path.read_bytes() for path in added if path.exists()}
+    try:
+        for path, text in added.items():
+            path.write_text(text)
+        on = subprocess.run(
+            [_python(installed), "-c", "pass"], capture_output=True, text=True, env=clean_env(IMPORTWATCH="1")
+        )
+    finally:
+        for path in added:
+            if path in kept:
+                path.write_bytes(kept[path])
+            else:
+                path.unlink()
+    assert on.returncode == 0
+    assert "> early_a" in on.stderr and "> early_b" in on.stderr, on.stderr
 
 
 def test_children_inherit_the_variable_and_carry_their_pid(installed: Path) -> None:

@@ -213,7 +213,7 @@ def test_exit_on_stall_gil_free(tmp_path: Path) -> None:
 
 def test_sigusr1_dumps_stacks_on_demand(tmp_path: Path, start) -> None:
     code = "import sys, time; print('ready', flush=True); time.sleep(30)"
-    proc = start(traced("-c", code))
+    proc = start(traced("--dump-on-sigusr1", "-c", code))
     assert proc.process.stdout.readline() == b"ready\n"
     proc.process.send_signal(signal.SIGUSR1)
     proc.wait_for("most recent call first", timeout=10)
@@ -228,7 +228,7 @@ def test_sigusr1_left_alone_when_program_has_a_handler(tmp_path: Path) -> None:
         "signal.signal(signal.SIGUSR1, lambda *a: print('mine'))\n"
         "os.kill(os.getpid(), signal.SIGUSR1)\n"
     )
-    result = importwatch("-c", code)
+    result = importwatch("--dump-on-sigusr1", "-c", code)
     assert result.stdout == "mine\n" and "most recent call first" not in result.stderr
 
 

@@ -53,6 +53,8 @@ def launch(sink: Sink, timeout: float, log: str | None, exit_on_stall: bool = Fa
     threading = sys.modules.get("threading")
     if threading is not None and threading.active_count() > 1:
         return "the program already runs threads, and forking now could deadlock"
+    if os.getpid() == 1:
+        return "this process is PID 1, so the watcher would be its child (its os.wait() would see it)"
     read_fd, write_fd = _pipe()
     pid = os.getpid()
     start = _start_time(pid)
@@ -65,11 +67,18 @@ def launch(sink: Sink, timeout: float, log: str | None, exit_on_stall: bool = Fa
     # Without IMPORTWATCH* the watcher never traces itself; -I drops the other PYTHON* variables.
     env = {key: value for key, value in os.environ.items() if not key.startswith("IMPORTWATCH")}
     stderr = sink.stderr.fd  # the pytest plugin writes to a copy of stderr taken before capture
+    # The watcher-to-be waits for a go on GO, and the intermediate child tells its pid on INFO.
+    go_read, go_write = os.pipe()
+    info_read, info_write = os.pipe()
     child = os.fork()
     if child == 0:  # pragma: no cover  (the intermediate child: fork again and leave at once)
         code = 1
         try:
-            if os.fork() == 0:
+            watcher = os.fork()
+            if watcher == 0:
+                os.close(go_write)  # so that the parent's close is the end of the pipe
+                if os.read(go_read, 1) != b"1":
+                    os._exit(0)
                 # The watcher-to-be: its own session, no terminal, stdin and stdout on /dev/null.
                 os.setsid()
                 for fd, mode in ((0, os.O_RDONLY), (1, os.O_WRONLY)):
@@ -81,16 +90,41 @@ def launch(sink: Sink, timeout: float, log: str | None, exit_on_stall: bool = Fa
                     os.dup2(stderr, 2)
                 os.set_inheritable(read_fd, True)
                 os.execve(executable, argv, env)
+            os.write(info_write, str(watcher).encode("ascii"))
             code = 0
         finally:
             os._exit(code)
+    os.close(go_read)
+    os.close(info_write)
     _, status = os.waitpid(child, 0)
-    if status != 0:
+    told = os.read(info_read, 32)
+    os.close(info_read)
+    watcher = int(told) if status == 0 and told.isdigit() else 0
+    # Orphaned by the intermediate child, the watcher goes to the nearest child subreaper: if that
+    # is this process (PR_SET_CHILD_SUBREAPER survives exec), it is our child and must not run.
+    adopted = watcher > 0 and _is_child(watcher)
+    if not watcher or adopted:
+        os.close(go_write)  # the watcher-to-be reads the end of the pipe and leaves
+        if adopted:
+            os.waitpid(watcher, 0)  # reaped here: the program's os.wait() never sees it
         os.close(read_fd)
         os.close(write_fd)
+        if adopted:
+            return "this process is a child subreaper, so the watcher would be its child (its os.wait() would see it)"
         return "it could not be spawned"
+    os.write(go_write, b"1")
+    os.close(go_write)
     sink.attach_feed(write_fd, read_fd)
     return None
+
+
+def _is_child(pid: int) -> bool:
+    """Whether PID is a child of this process (the call reaps it only if it has ended already)."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return False
+    return True
 
 
 def _pipe() -> tuple[int, int]:

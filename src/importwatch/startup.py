@@ -177,6 +177,10 @@ class Tracing:
             # step starts it (see Watchdog.after_fork).
             if self.watchdog is not None:
                 self.watchdog.after_fork(False, restart=not self._fork_alone)
+                if self._fork_alone and self.tracer.stacks.get(self._forker):
+                    # Forked inside an import, which may now wait without another step: the
+                    # heartbeat starts when the code that called fork runs its next line.
+                    _on_next_line(sys._getframe(1), self.watchdog.wake_up)
             return
         self.sink.close_feed()  # the watcher follows this process, not its children
         parent = self.sink.pid
@@ -225,6 +229,40 @@ class Tracing:
             self._open_log()
             self._start_faulthandler()  # its descriptor was the parent's file, now closed
         self.sink.event("fork", f"fork child of {parent}", {"parent": parent})
+
+
+# sys.monitoring tools that are free for anyone's use (0-2 and 5 are the debugger's, coverage's,
+# profilers' and optimisers').
+_TOOL_IDS = (4, 3)
+
+
+def _on_next_line(frame: Any, then: Callable[[], None]) -> None:
+    """Call THEN once the first frame up from FRAME that is not ours runs another line (3.12+)."""
+    monitoring = getattr(sys, "monitoring", None)
+    here = os.path.dirname(__file__)
+    while frame is not None and os.path.dirname(frame.f_code.co_filename) == here:
+        frame = frame.f_back
+    if monitoring is None or frame is None:
+        return
+    tool = next((i for i in _TOOL_IDS if monitoring.get_tool(i) is None), None)
+    if tool is None:
+        return  # both taken: the next step starts the heartbeat, as without this
+    code = frame.f_code
+    events = monitoring.events.LINE | monitoring.events.PY_RETURN
+
+    def fire(*_: object) -> object:
+        if monitoring.get_tool(tool) == "importwatch":
+            monitoring.set_local_events(tool, code, 0)
+            monitoring.register_callback(tool, monitoring.events.LINE, None)
+            monitoring.register_callback(tool, monitoring.events.PY_RETURN, None)
+            monitoring.free_tool_id(tool)
+            then()
+        return monitoring.DISABLE
+
+    monitoring.use_tool_id(tool, "importwatch")
+    monitoring.register_callback(tool, monitoring.events.LINE, fire)
+    monitoring.register_callback(tool, monitoring.events.PY_RETURN, fire)
+    monitoring.set_local_events(tool, code, events)
 
 
 def _count_threads() -> int:

@@ -1,0 +1,186 @@
+"""The program's own faulthandler, signals and children work as under plain python, side by side."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import clean_env
+from test_fork_fidelity import MODES, run, side_by_side, write
+
+
+# -- faulthandler -------------------------------------------------------------------------
+@pytest.mark.timeout(180)
+def test_the_programs_own_faulthandler_deadline_fires_and_exits(tmp_path: Path) -> None:
+    write(tmp_path, "import time\ntime.sleep(0.3)\n", "nap.py")
+    script = write(
+        tmp_path,
+        """
+        import faulthandler, time
+
+        faulthandler.dump_traceback_later(1.0, exit=True)
+        import nap, json  # imports while the program's deadline is armed
+        time.sleep(60)
+        print("not reached")
+        """,
+    )
+    for mode, result in side_by_side(script, PYTHONPATH=str(tmp_path)).items():
+        assert result.returncode == 1 and result.stdout == "", (mode, result.stderr[-2000:])
+        assert "Timeout (0:00:01)!" in result.stderr, mode
+
+
+@pytest.mark.timeout(180)
+def test_the_programs_deadline_after_a_stall_report_of_ours(tmp_path: Path) -> None:
+    # Our threshold (1 s) comes first, during an import that sleeps; the program's (3 s) still fires.
+    write(tmp_path, "import time\ntime.sleep(2)\n", "nap.py")
+    script = write(
+        tmp_path,
+        """
+        import faulthandler, time
+
+        faulthandler.dump_traceback_later(3.0, exit=True)
+        import nap
+        time.sleep(60)
+        print("not reached")
+        """,
+    )
+    for mode in MODES:
+        result = run(mode, script, PYTHONPATH=str(tmp_path), IMPORTWATCH_TIMEOUT="1")
+        assert result.returncode == 1 and result.stdout == "", (mode, result.stderr[-2000:])
+        assert mode == "plain" or "STALL" in result.stderr, mode
+        # Armed again after ours, its header gives the time it had left then (see the README's Limits).
+        assert result.stderr.count("Timeout (") == 1, mode
+
+
+@pytest.mark.timeout(120)
+def test_faulthandler_reads_back_what_the_program_set(tmp_path: Path) -> None:
+    script = write(
+        tmp_path,
+        """
+        import faulthandler, sys
+
+        seen = [faulthandler.is_enabled()]
+        faulthandler.enable()
+        seen.append(faulthandler.is_enabled())
+        faulthandler.disable()
+        seen.append(faulthandler.is_enabled())
+        faulthandler.dump_traceback_later(30)
+        faulthandler.cancel_dump_traceback_later()
+        print(seen)
+        """,
+    )
+    for mode, result in side_by_side(script).items():
+        assert (result.returncode, result.stdout) == (0, "[False, True, False]\n"), (mode, result.stderr[-2000:])
+
+
+@pytest.mark.timeout(180)
+def test_pytest_without_its_faulthandler_plugin_sees_it_off(tmp_path: Path) -> None:
+    write(tmp_path, "import faulthandler\n\ndef test_off():\n    assert not faulthandler.is_enabled()\n", "test_fh.py")
+    args = ["-m", "pytest", "-p", "no:faulthandler", "-p", "no:cacheprovider", "-q", "test_fh.py"]
+    commands = {
+        "plain": ([sys.executable, *args], {}),
+        "runner": ([sys.executable, "-m", "importwatch", *args], {}),
+        "variable": ([sys.executable, *args], {"IMPORTWATCH": "1"}),
+        "plugin": ([sys.executable, *args, "-p", "importwatch"], {}),
+    }
+    for mode, (command, env) in commands.items():
+        result = subprocess.run(
+            command, capture_output=True, text=True, timeout=120, env=clean_env(**env), cwd=tmp_path
+        )
+        assert result.returncode == 0 and "1 passed" in result.stdout, (mode, result.stdout[-2000:])
+
+
+# -- SIGUSR1 --------------------------------------------------------------------------------
+SIGUSR1_SELF = """
+    import os, signal, time
+    print("sending", flush=True)
+    os.kill(os.getpid(), signal.SIGUSR1)
+    time.sleep(1)
+    print("survived")
+"""
+
+
+@pytest.mark.timeout(120)
+def test_sigusr1_ends_the_program_as_under_plain_python(tmp_path: Path) -> None:
+    for mode, result in side_by_side(write(tmp_path, SIGUSR1_SELF)).items():
+        assert result.returncode == -signal.SIGUSR1 and result.stdout == "sending\n", (mode, result.stderr)
+        assert "most recent call first" not in result.stderr, mode
+
+
+@pytest.mark.timeout(120)
+def test_sigusr1_dumps_only_when_asked(tmp_path: Path) -> None:
+    script = write(tmp_path, SIGUSR1_SELF)
+    asked = [
+        subprocess.run(command, capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
+        for command, env in (
+            ([sys.executable, "-m", "importwatch", "--dump-on-sigusr1", str(script)], clean_env()),
+            ([sys.executable, str(script)], clean_env(IMPORTWATCH="1", IMPORTWATCH_DUMP_ON_SIGUSR1="1")),
+        )
+    ]
+    for result in asked:
+        assert (result.returncode, result.stdout) == (0, "sending\nsurvived\n"), result.stderr[-2000:]
+        assert "most recent call first" in result.stderr
+
+
+# -- PID 1 and child subreapers ----------------------------------------------------------------
+WAITS = """
+    import os
+    try:
+        os.wait()
+        print("os.wait() found a child")
+    except ChildProcessError:
+        print("no child")
+"""
+
+# Becomes a child subreaper, then runs the rest of its command line in its place (the flag survives exec).
+SUBREAPER = """
+import ctypes, os, sys
+if ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) != 0:  # PR_SET_CHILD_SUBREAPER
+    sys.exit(f"prctl: {os.strerror(ctypes.get_errno())}")
+os.execv(sys.argv[1], sys.argv[1:])
+"""
+
+
+def _commands(script: Path) -> dict[str, tuple[list[str], dict[str, str]]]:
+    """The program as plain python, the runner (watcher on by default) and IMPORTWATCH=1 with the watcher."""
+    return {
+        "plain": ([sys.executable, str(script)], clean_env()),
+        "runner": ([sys.executable, "-m", "importwatch", str(script)], clean_env()),
+        "variable": ([sys.executable, str(script)], clean_env(IMPORTWATCH="1", IMPORTWATCH_WATCHER="1")),
+    }
+
+
+@pytest.mark.timeout(120)
+def test_a_child_subreaper_gets_no_watcher_child(tmp_path: Path) -> None:
+    script = write(tmp_path, WAITS)
+    reaper = write(tmp_path, SUBREAPER, "reaper.py")
+    for mode, (command, env) in _commands(script).items():
+        result = subprocess.run(
+            [sys.executable, str(reaper), *command], capture_output=True, text=True, timeout=60, env=env
+        )
+        assert (result.returncode, result.stdout) == (0, "no child\n"), (mode, result.stderr[-2000:])
+        if mode != "plain":
+            said = [line for line in result.stderr.splitlines() if "no watcher process" in line]
+            assert len(said) == 1 and "child subreaper" in said[0], (mode, result.stderr[-2000:])
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare")
+def test_pid_1_gets_no_watcher_child(tmp_path: Path) -> None:
+    script = write(tmp_path, WAITS)
+    for mode, (command, env) in _commands(script).items():
+        result = subprocess.run(
+            ["unshare", "--pid", "--fork", *command], capture_output=True, text=True, timeout=60, env=env
+        )
+        if result.returncode != 0 and "unshare" in result.stderr:
+            pytest.skip(f"unshare --pid is not allowed here: {result.stderr.strip()}")
+        assert (result.returncode, result.stdout) == (0, "no child\n"), (mode, result.stderr[-2000:])
+        if mode != "plain":
+            said = [line for line in result.stderr.splitlines() if "no watcher process" in line]
+            assert len(said) == 1 and "PID 1" in said[0], (mode, result.stderr[-2000:])
