@@ -99,7 +99,11 @@ def test_forks_while_another_thread_imports_in_a_loop(tmp_path: Path) -> None:
     )
     for attempt in range(3):
         for mode, result in side_by_side(script).items():
-            assert (result.returncode, result.stdout) == (0, "forked 20\n"), (attempt, mode, result.stderr[-2000:])
+            assert (result.returncode, result.stdout) == (0, "forked 20\n"), (
+                attempt,
+                mode,
+                result.stderr[-2000:],
+            )
 
 
 @pytest.mark.timeout(300)
@@ -179,11 +183,19 @@ WARNING_CASES = """
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("thread", ["", "thread"])
 @pytest.mark.parametrize("case", ["single", "loop", "multiprocessing", "between-imports", "inside-an-import"])
-def test_the_fork_warning_appears_exactly_as_under_plain_python(tmp_path: Path, case: str, thread: str) -> None:
-    write(tmp_path, "import os\npid = os.fork()\nif pid == 0:\n    os._exit(0)\nos.waitpid(pid, 0)\n", "forks_at_import.py")
+def test_the_fork_warning_appears_exactly_as_under_plain_python(
+    tmp_path: Path, case: str, thread: str
+) -> None:
+    write(
+        tmp_path,
+        "import os\npid = os.fork()\nif pid == 0:\n    os._exit(0)\nos.waitpid(pid, 0)\n",
+        "forks_at_import.py",
+    )
     script = write(tmp_path, WARNING_CASES)
     results = side_by_side(script, case, thread, PYTHONPATH=str(tmp_path))
-    counts = {mode: result.stderr.count("is multi-threaded, use of fork()") for mode, result in results.items()}
+    counts = {
+        mode: result.stderr.count("is multi-threaded, use of fork()") for mode, result in results.items()
+    }
     assert all(result.stdout == "done\n" for result in results.values()), results
     assert counts["runner"] == counts["variable"] == counts["plain"], counts
     if sys.version_info >= (3, 12) and case in ("single", "loop") and thread:

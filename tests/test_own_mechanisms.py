@@ -76,12 +76,19 @@ def test_faulthandler_reads_back_what_the_program_set(tmp_path: Path) -> None:
         """,
     )
     for mode, result in side_by_side(script).items():
-        assert (result.returncode, result.stdout) == (0, "[False, True, False]\n"), (mode, result.stderr[-2000:])
+        assert (result.returncode, result.stdout) == (0, "[False, True, False]\n"), (
+            mode,
+            result.stderr[-2000:],
+        )
 
 
 @pytest.mark.timeout(180)
 def test_pytest_without_its_faulthandler_plugin_sees_it_off(tmp_path: Path) -> None:
-    write(tmp_path, "import faulthandler\n\ndef test_off():\n    assert not faulthandler.is_enabled()\n", "test_fh.py")
+    write(
+        tmp_path,
+        "import faulthandler\n\ndef test_off():\n    assert not faulthandler.is_enabled()\n",
+        "test_fh.py",
+    )
     args = ["-m", "pytest", "-p", "no:faulthandler", "-p", "no:cacheprovider", "-q", "test_fh.py"]
     commands = {
         "plain": ([sys.executable, *args], {}),
