@@ -53,6 +53,7 @@ class Tracing:
         # In a fork child, until its first import: the parent's pid (see _child_starts).
         self._child_of: int | None = None
         self._child_lock = _thread.allocate_lock()
+        self._first_hooks: tuple | None = None  # see _await_first_event
 
     def start(self, argv: list[str], warnings: list[str]) -> None:
         self._open_log()
@@ -87,6 +88,7 @@ class Tracing:
             self._start_watcher()
 
     def stop(self) -> None:
+        self._drop_first_hooks()
         if self.watchdog is not None:
             self.watchdog.stop()
             self.watchdog = None
@@ -189,33 +191,62 @@ class Tracing:
         self.main_gone = self.main_gone or self._forker != self._main_ident
         self._main_ident = _thread.get_ident()
         self._child_lock = _thread.allocate_lock()
-        # Nothing more until the child's first import: a fork followed by exec costs nothing.
+        # Nothing more until the child's first event: a fork followed by exec costs nothing.
         self._child_of = parent
+        self._await_first_event()
         if self.watchdog is not None:
-            self.watchdog.on_wake = self._child_starts
+            self.watchdog.on_wake = self._first_event
             self.watchdog.after_fork(True, main_gone=self.main_gone)
-        if self.tracer.installed:
-            self._await_first_import()
 
-    def _await_first_import(self) -> None:
-        """Put a one-time wrapper before the tracer's own that starts the child at its first import."""
+    def _await_first_event(self) -> None:
+        """One-time wrappers that start the child at its first import, step or line.
+
+        Before the tracer's own _find_and_load (every import), and on this sink's event()
+        and this tracer's push() (checkpoints, phases, native loads): each takes itself
+        out again at the first call, so the hot path is the same as before the fork.
+        """
+        self._drop_first_hooks()  # a child's child forked before the child's first event
         inner = _bootstrap._find_and_load
-        tracing = self
+        sink, tracer, tracing = self.sink, self.tracer, self
 
         def _find_and_load(name: str, import_: Callable) -> Any:
             if name not in sys.modules:
-                tracing._first_import(first, inner)
+                tracing._first_event()
             return inner(name, import_)
 
-        first = as_importlib_frame(_find_and_load)
-        _bootstrap._find_and_load = first
+        def event(*args: Any, **kwargs: Any) -> None:
+            tracing._first_event()
+            sink.event(*args, **kwargs)
 
-    def _first_import(self, first: Callable, inner: Callable) -> None:
-        if _bootstrap._find_and_load is first:
-            _bootstrap._find_and_load = inner
-        if self.watchdog is not None:
-            self.watchdog.wake_up()  # runs _child_starts first
+        def push(*args: Any, **kwargs: Any) -> Any:
+            tracing._first_event()
+            return tracer.push(*args, **kwargs)
+
+        first = as_importlib_frame(_find_and_load) if self.tracer.installed else None
+        self._first_hooks = (first, inner, event, push)
+        if first is not None:
+            _bootstrap._find_and_load = first
+        sink.event = event  # type: ignore[method-assign]
+        tracer.push = push  # type: ignore[method-assign]
+
+    def _first_event(self) -> None:
+        self._drop_first_hooks()
         self._child_starts()
+        if self.watchdog is not None:
+            self.watchdog.wake_up()  # calls back here first, which finds nothing left to do
+
+    def _drop_first_hooks(self) -> None:
+        with self._child_lock:
+            hooks, self._first_hooks = self._first_hooks, None
+        if hooks is None:
+            return
+        first, inner, event, push = hooks
+        if first is not None and _bootstrap._find_and_load is first:
+            _bootstrap._find_and_load = inner
+        if self.sink.__dict__.get("event") is event:
+            del self.sink.event
+        if self.tracer.__dict__.get("push") is push:
+            del self.tracer.push
 
     def _child_starts(self) -> None:
         """A fork child's own start, at its first step: its log file, and the line that names its parent."""
