@@ -189,13 +189,16 @@ class SharedFaulthandler:
         return self.program_enabled
 
     def _program_dump_traceback_later(self, *args, **kwargs) -> None:
-        timeout, repeat, file, exit = _bind(*args, **kwargs)
         with self._lock:
             now = time.monotonic()
             # The real call checks the arguments and raises as it would without us, and arms it.
             self.real["dump_traceback_later"](*args, **kwargs)
-            request = _Request(now + timeout, timeout, bool(repeat), file if file is not None else sys.stderr,
-                               bool(exit), ours=False)  # fmt: skip
+            timeout, repeat, file, exit = _bind(*args, **kwargs)
+            if file is None:
+                file = sys.stderr
+            request = _Request(
+                now + float(timeout), float(timeout), bool(repeat), file, bool(exit), ours=False
+            )
             self._program = self._armed = request
             self._untouchable = False  # re-armed by the program itself: a thread of this process
             self._sync(now)
