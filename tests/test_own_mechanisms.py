@@ -54,8 +54,9 @@ def test_the_programs_deadline_after_a_stall_report_of_ours(tmp_path: Path) -> N
         result = run(mode, script, PYTHONPATH=str(tmp_path), IMPORTWATCH_TIMEOUT="1")
         assert result.returncode == 1 and result.stdout == "", (mode, result.stderr[-2000:])
         assert mode == "plain" or "STALL" in result.stderr, mode
-        # Armed again after ours, its header gives the time it had left then (see the README's Limits).
-        assert result.stderr.count("Timeout (") == 1, mode
+        # Exit status 1 is the program's deadline (ours never exits without --exit-on-stall). Armed
+        # again after ours, its header gives the time it had left then (see the README's Limits).
+        assert "Timeout (" in result.stderr, mode
 
 
 @pytest.mark.timeout(120)
