@@ -271,6 +271,7 @@ class Watchdog:
             self._disarm()
             self._dormant = True  # should a thread appear after all, its next step starts a heartbeat
             self._gone = None
+            self._tell_due()
 
     def check(self, now: float) -> float:
         """One look at what is in flight: report stalls, keep faulthandler's deadline current.
