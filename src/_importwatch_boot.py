@@ -14,14 +14,18 @@ from __future__ import annotations
 import os
 import sys
 
+_waiting = False  # a later .pth is awaited already (site may run this .pth twice)
+
 
 def activate() -> None:
-    if _activated():
+    global _waiting
+    if _waiting or _activated():
         return
     site = sys.modules.get("site")
     addpackage = getattr(site, "addpackage", None)
     if addpackage is None:
         return
+    _waiting = True
 
     # site looks addpackage up by name for each .pth it reads: try again after each one.
     def addpackage_then_activate(*args, **kwargs):
@@ -31,6 +35,26 @@ def activate() -> None:
         return result
 
     site.addpackage = addpackage_then_activate
+    # site imports sitecustomize once every .pth has run: if importwatch is still missing then, say so.
+    sys.meta_path.insert(0, _LastChance(site, addpackage, addpackage_then_activate))
+
+
+class _LastChance:
+    """A finder that looks only at site's import of sitecustomize, once, and then takes itself out."""
+
+    def __init__(self, site, addpackage, wrapper) -> None:
+        self.site, self.addpackage, self.wrapper = site, addpackage, wrapper
+
+    def find_spec(self, name: str, path=None, target=None) -> None:
+        if name != "sitecustomize":
+            return None
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+        if self.site.addpackage is self.wrapper:
+            self.site.addpackage = self.addpackage
+            if not _activated():
+                _say(ModuleNotFoundError("importwatch cannot be imported (a broken install?)"))
+        return None
 
 
 def _activated() -> bool:

@@ -127,6 +127,28 @@ def test_the_pth_runs_before_the_other_pth_files(installed: Path) -> None:
     assert "> early_a" in on.stderr and "> early_b" in on.stderr, on.stderr
 
 
+def test_a_missing_package_is_said_once_and_the_program_runs(installed: Path) -> None:
+    site = Path(
+        subprocess.run(
+            [_python(installed), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True, text=True, check=True, env=clean_env(),
+        ).stdout.strip()
+    )  # fmt: skip
+    package = site / "importwatch"
+    package.rename(site / "importwatch.away")
+    try:
+        result = subprocess.run(
+            [_python(installed), "-c", "print('ran')"],
+            capture_output=True,
+            text=True,
+            env=clean_env(IMPORTWATCH="1"),
+        )
+    finally:
+        (site / "importwatch.away").rename(package)
+    assert result.returncode == 0 and result.stdout == "ran\n"
+    assert result.stderr.count("tracing is off") == 1 and len(result.stderr.splitlines()) == 1, result.stderr
+
+
 def test_children_inherit_the_variable_and_carry_their_pid(installed: Path) -> None:
     code = (
         "import subprocess, sys, os\n"
