@@ -5,6 +5,7 @@ from __future__ import annotations
 import _thread
 import errno
 import os
+import stat
 import sys
 import time
 
@@ -16,12 +17,37 @@ _get_ident = _thread.get_ident
 PREFIX = "importwatch"
 _STDERR = 2
 
+# Never follow a symlink, never wait on a FIFO's reader, never hand the descriptor to a child.
+_LOG_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+_OPEN_ERRORS = {errno.ELOOP: "it is a symbolic link", errno.ENXIO: "it is a FIFO or a socket"}
+_KINDS = {
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFCHR: "a device",
+    stat.S_IFBLK: "a device",
+    stat.S_IFSOCK: "a socket",
+}
+
 
 def escape(text: str) -> str:
     """ASCII-only and one line: anything else as a backslash escape (\\xe9, \\n, \\x1b)."""
     if text.isascii() and text.isprintable():
         return text
     return text.encode("unicode_escape").decode("ascii")
+
+
+def _unsafe_log(fd: int) -> str | None:
+    """Why the file open on FD must not take our lines (not a regular file, another user's), or None."""
+    try:
+        info = os.fstat(fd)
+        if stat.S_ISREG(info.st_mode):
+            os.set_blocking(fd, True)  # no meaning for a regular file; our writes expect none
+    except OSError as error:
+        return error.strerror
+    if not stat.S_ISREG(info.st_mode):
+        return f"it is {_KINDS.get(stat.S_IFMT(info.st_mode), 'not a regular file')}"
+    if info.st_uid != os.geteuid():
+        return f"it belongs to another user (uid {info.st_uid})"
+    return None
 
 
 def rank_from_env(environ: dict[str, str] | os._Environ[str] = os.environ) -> int | None:
@@ -134,12 +160,28 @@ class Sink:
 
     # -- set-up ------------------------------------------------------------
     def open_log(self, path: str) -> bool:
-        """Append to PATH from now on (JSON Lines when it ends in .jsonl); on failure say so once."""
+        """Append to PATH from now on (JSON Lines when it ends in .jsonl); on failure say so once.
+
+        Logs often live in shared, world-writable folders, where another user may have
+        put something at PATH first: a symlink is never followed, a FIFO or device never
+        waited on, and only a regular file of our own (or a new one, mode 0600) is taken.
+        """
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            fd = os.open(path, _LOG_FLAGS, 0o600)
         except OSError as error:
-            self.warn(f"cannot open log file {path}: {error.strerror}; logging to stderr only")
+            why = _OPEN_ERRORS.get(error.errno, error.strerror)
+            self.warn(f"cannot open log file {path}: {why}; logging to stderr only")
             return False
+        why = _unsafe_log(fd)
+        if why is not None:
+            os.close(fd)
+            self.warn(f"cannot use log file {path}: {why}; logging to stderr only")
+            return False
+        self.adopt_log(fd, path)
+        return True
+
+    def adopt_log(self, fd: int, path: str) -> None:
+        """Append to FD, opened (by open_log, maybe in another process) from PATH, from now on."""
         self.close_log()
         self.log = Channel(fd, path, json=path.endswith(".jsonl"))
         self.structured = self.log.json

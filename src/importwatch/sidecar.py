@@ -60,8 +60,11 @@ def launch(sink: Sink, timeout: float, log: str | None, exit_on_stall: bool = Fa
     start = _start_time(pid)
     argv = [executable, "-I", "-S", "-c", _BOOT, _PACKAGE_ROOT, "--pid", str(pid), "--feed", str(read_fd)]
     argv += ["--timeout", repr(timeout), "--start", str(start)]
-    if log:
-        argv += ["--log", log]
+    # The watcher writes to the descriptor the program opened, never re-opens the path: in a shared
+    # folder the name may point elsewhere by then.
+    log_fd = sink.log.fd if log and sink.log is not None and not sink.log.broken else None
+    if log_fd is not None:
+        argv += ["--log", log, "--log-fd", str(log_fd)]
     if exit_on_stall:
         argv.append("--exit-on-stall")
     # Without IMPORTWATCH* the watcher never traces itself; -I drops the other PYTHON* variables.
@@ -89,6 +92,8 @@ def launch(sink: Sink, timeout: float, log: str | None, exit_on_stall: bool = Fa
                 if stderr != 2:
                     os.dup2(stderr, 2)
                 os.set_inheritable(read_fd, True)
+                if log_fd is not None:
+                    os.set_inheritable(log_fd, True)
                 os.execve(executable, argv, env)
             os.write(info_write, str(watcher).encode("ascii"))
             code = 0
@@ -605,7 +610,7 @@ class Watcher:
 
 
 def main(args: list[str] | None = None) -> int:
-    """`python -m importwatch.sidecar --pid PID --feed FD [--timeout S] [--log PATH]`: the watcher."""
+    """`python -m importwatch.sidecar --pid PID --feed FD [--timeout S] [--log PATH [--log-fd FD]]`."""
     import argparse
     import signal
 
@@ -614,10 +619,11 @@ def main(args: list[str] | None = None) -> int:
     parser.add_argument("--feed", type=int, required=True)
     parser.add_argument("--timeout", type=float, default=30.0)
     parser.add_argument("--start", type=int, default=None)
-    parser.add_argument("--log")
+    parser.add_argument("--log")  # the name of the log on --log-fd, for messages and its format
+    parser.add_argument("--log-fd", type=int, default=None)  # the program's open log: never re-opened
     parser.add_argument("--exit-on-stall", action="store_true")
     options = parser.parse_args(sys.argv[1:] if args is None else args)
-    _close_inherited(keep={0, 1, 2, options.feed})
+    _close_inherited(keep={0, 1, 2, options.feed, options.log_fd})
     # The terminal's signals are the program's business; the watcher leaves when the program does.
     for name in ("SIGINT", "SIGHUP", "SIGTSTP", "SIGTTIN", "SIGTTOU", "SIGPIPE", "SIGQUIT"):
         signal.signal(getattr(signal, name), signal.SIG_IGN)
@@ -626,8 +632,9 @@ def main(args: list[str] | None = None) -> int:
     sink = Sink()
     sink.pid = options.pid  # every line is about the traced process
     sink.set_rank(sink.rank)
-    if options.log:
-        sink.open_log(options.log)
+    if options.log_fd is not None:
+        os.set_inheritable(options.log_fd, False)
+        sink.adopt_log(options.log_fd, options.log or f"descriptor {options.log_fd}")
     watcher = Watcher(sink, options.pid, options.feed, options.timeout, options.start, options.exit_on_stall)
     try:
         return watcher.run()
