@@ -3,6 +3,7 @@ children, and what SIGTERM or SIGHUP leave behind."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
@@ -216,3 +217,108 @@ def test_our_own_existing_log_is_appended_to(tmp_path: Path) -> None:
     importwatch("--log", str(log), "-c", "pass", cwd=tmp_path)
     lines = log.read_text().splitlines()
     assert lines[0] == "earlier" and " start python " in lines[1]
+
+
+# -- 3. secrets -------------------------------------------------------------------------------------
+SECRETS = ["hunter2", "s3cr3t-key", "tok-123", "pw-456", "hub-789", "ib-000", "db-pass"]
+SECRET_ARGS = [
+    "--password", "hunter2", "--api-key=s3cr3t-key", "--token", "tok-123", "-passwd", "pw-456",
+    "db.password=db-pass", "--verbose",
+]  # fmt: skip
+SECRET_ENV = {"TORCH_HUB_TOKEN": "hub-789", "NCCL_IB_PASSWORD": "ib-000", "CUDA_VISIBLE_DEVICES": "0"}
+MASKED_ARGV = [
+    "--password", "***", "--api-key=***", "--token", "***", "-passwd", "***", "db.password=***", "--verbose",
+]  # fmt: skip
+
+
+def assert_no_secret(text: str) -> None:
+    for secret in SECRETS:
+        assert secret not in text, f"{secret!r} leaked:\n{text}"
+
+
+@pytest.mark.parametrize("name", ["job.log", "job.jsonl"])
+def test_secrets_are_masked_in_the_start_and_env_lines_and_in_reports(tmp_path: Path, name: str) -> None:
+    (tmp_path / "job.py").write_text("import sys\nprint(sys.argv[1:])\n")
+    done = importwatch("--log", name, "job.py", *SECRET_ARGS, cwd=tmp_path, env=clean_env(**SECRET_ENV))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"{SECRET_ARGS}\n"  # the program itself gets them as they are
+    assert_no_secret(done.stderr)
+    assert f"argv={['job.py', *MASKED_ARGV]!r}" in done.stderr
+    assert "env CUDA_VISIBLE_DEVICES=0 NCCL_IB_PASSWORD=*** TORCH_HUB_TOKEN=***" in done.stderr
+    log = (tmp_path / name).read_text()
+    assert_no_secret(log)
+    if name.endswith(".jsonl"):
+        records = [json.loads(line) for line in log.splitlines()]
+        start = next(record for record in records if record["kind"] == "start")
+        assert start["argv"] == ["job.py", *MASKED_ARGV]
+        env = next(record for record in records if record["kind"] == "env")
+        assert env["env"] == {
+            "CUDA_VISIBLE_DEVICES": "0",
+            "NCCL_IB_PASSWORD": "***",
+            "TORCH_HUB_TOKEN": "***",
+        }
+    for fmt in ("summary", "tree", "chrome"):
+        shown = importwatch("report", "--format", fmt, name, cwd=tmp_path)
+        assert shown.returncode == 0, shown.stderr
+        assert_no_secret(shown.stdout + shown.stderr)
+
+
+def test_secrets_are_masked_with_importwatch_on_in_the_environment(tmp_path: Path) -> None:
+    (tmp_path / "job.py").write_text("import sys\nprint(sys.argv[1:])\n")
+    env = clean_env(IMPORTWATCH="1", IMPORTWATCH_LOG="job.log", **SECRET_ENV)
+    done = subprocess.run(
+        [sys.executable, "job.py", *SECRET_ARGS], cwd=tmp_path, env=env, capture_output=True, text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert done.stdout == f"{SECRET_ARGS}\n"
+    assert " start python " in done.stderr
+    assert_no_secret(done.stderr)
+    assert_no_secret((tmp_path / "job.log").read_text())
+
+
+def test_the_watcher_masks_secrets_in_other_processes_command_lines(tmp_path: Path) -> None:
+    """A stall report names the process at the other end of a pipe, by its command line."""
+    (tmp_path / "pipes.py").write_text(
+        "import subprocess, sys\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(4)', '--password',"
+        " 'hunter2'], stdout=subprocess.PIPE)\n"
+        "child.stdout.read()\n"
+        "child.wait()\n"
+    )
+    done = importwatch("--timeout", "1", "-c", "import pipes", cwd=tmp_path, env=clean_env(PYTHONPATH="."))
+    assert done.returncode == 0, done.stderr
+    assert "time.sleep(4) --password ***" in done.stderr
+    assert_no_secret(done.stderr)
+
+
+def test_doctor_masks_secrets_in_its_environment_dump(tmp_path: Path) -> None:
+    env = clean_env(**SECRET_ENV)
+    for extra in ([], ["--json"]):
+        done = importwatch("doctor", "--import", "json", "--no-cuda", *extra, cwd=tmp_path, env=env)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "TORCH_HUB_TOKEN" in done.stdout
+        assert_no_secret(done.stdout + done.stderr)
+
+
+def test_bisect_masks_secrets_in_the_command_it_prints(tmp_path: Path) -> None:
+    (tmp_path / "job.py").write_text("import json\n")
+    done = importwatch("bisect", "--timeout", "5", "job.py", *SECRET_ARGS, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "python job.py --password '***'" in done.stderr
+    assert_no_secret(done.stdout + done.stderr)
+
+
+@pytest.mark.parametrize(
+    ("argv", "shown"),
+    [
+        (["--token", "--verbose"], ["--token", "--verbose"]),  # no value to hide: the next is an option
+        (["--max-tokens=512", "--lr", "3"], ["--max-tokens=***", "--lr", "3"]),
+        (["-c", "api_key='x'; run()", "key=v"], ["-c", "api_key=***", "key=***"]),
+        (["keygen.py", "--out", "id"], ["keygen.py", "--out", "id"]),  # a name alone is no secret
+        (["--Password", "p", "--"], ["--Password", "***", "--"]),
+    ],
+)
+def test_the_masking_rule(argv: list[str], shown: list[str]) -> None:
+    from importwatch.banner import mask_argv
+
+    assert mask_argv(argv) == shown

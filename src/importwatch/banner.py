@@ -1,4 +1,5 @@
-"""What a log starts with: the process, the interpreter, and the environment that matters for hangs."""
+"""What a log starts with: the process, the interpreter, the environment that matters for hangs;
+and the one rule that masks secrets in it, and wherever else importwatch shows a command line."""
 
 from __future__ import annotations
 
@@ -37,17 +38,62 @@ VARIABLES = (
 PREFIXES = ("NCCL_", "TORCH_", "CUDA_", "GLOO_", "TORCHELASTIC_")
 
 
+# -- secrets ------------------------------------------------------------------------------------
+# A log is often read by others than the job's owner (attached to a ticket, left in a shared
+# folder): the start line's argv, the env line, doctor's environment and the watcher's view of
+# other processes' command lines all pass through these.
+MASK = "***"
+# A name holding one of these words (any case) names a secret.
+WORDS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "KEY")
+
+
+def is_secret(name: str) -> bool:
+    """Whether NAME (a variable, an option, a NAME=value's name) looks like it holds a secret."""
+    upper = name.upper()
+    return any(word in upper for word in WORDS)
+
+
+def mask_argv(argv: list[str]) -> list[str]:
+    """ARGV with the values of secret-looking options masked.
+
+    `--password=xyz` and `db.api_key=xyz` (a NAME=value anywhere) keep their name;
+    `--token X` and `-password X` mask the next argument, unless it is a long option itself.
+    """
+    masked: list[str] = []
+    hide_next = False
+    for arg in argv:
+        if hide_next:
+            hide_next = False
+            if not arg.startswith("--"):
+                masked.append(MASK)
+                continue
+        name, equals, _ = arg.partition("=")
+        if equals and is_secret(name):
+            masked.append(name + equals + MASK)
+            continue
+        if arg.startswith("-") and len(arg) > 1 and is_secret(arg):
+            hide_next = True
+        masked.append(arg)
+    return masked
+
+
+def mask_environment(variables: dict[str, str]) -> dict[str, str]:
+    """VARIABLES with the value of each secret-looking name masked, in the same order."""
+    return {name: MASK if is_secret(name) else value for name, value in variables.items()}
+
+
 def relevant_environment(environ: dict[str, str] | os._Environ[str] = os.environ) -> dict[str, str]:
-    """The variables that matter for hangs, those that are set, in a stable order."""
+    """The variables that matter for hangs, those that are set, in a stable order, secrets masked."""
     found = {name: environ[name] for name in VARIABLES if name in environ}
     for name in sorted(environ):
         if name.startswith(PREFIXES) and name not in found:
             found[name] = environ[name]
-    return found
+    return mask_environment(found)
 
 
 def write_banner(sink: Sink, argv: list[str]) -> None:
-    """The first lines of a traced process: who it is, and what it was given."""
+    """The first lines of a traced process: who it is, and what it was given (secrets masked)."""
+    argv = mask_argv(argv)
     try:
         cwd = os.getcwd()
     except OSError as error:

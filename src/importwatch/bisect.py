@@ -12,6 +12,7 @@ import threading
 import time
 
 from importwatch import config
+from importwatch.banner import mask_argv
 from importwatch.runner import is_zip
 from importwatch.trials import ERROR, OK, STOPPED, Outcome, Trials
 from importwatch.usage import EXIT_USAGE, UsageError, fail, target_at, value_of
@@ -191,7 +192,7 @@ class Bisection:
 
     # -- the search ----------------------------------------------------------------------
     def run(self) -> int:
-        label = "python " + shlex.join(self.options.target)
+        label = "python " + shlex.join(mask_argv(self.options.target))
         first = self._try(self.options.target, label, first=True)
         if first is None or first.kind == STOPPED:
             self._say_nothing("stopped by --max-time before the program's imports were done; no hang seen")

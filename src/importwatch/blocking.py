@@ -15,6 +15,8 @@ import os
 import sys
 import time
 
+from importwatch.banner import mask_environment
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable
@@ -214,6 +216,7 @@ class BlockingSteps:
             variables = {
                 name: value for name, value in os.environ.items() if name.startswith(("CUDA_", "NVIDIA_"))
             }
+            variables = mask_environment(variables)
             shown = " ".join(f"{name}={value}" for name, value in sorted(variables.items()))
             detail = "(first CUDA initialisation) " + (shown or "CUDA_VISIBLE_DEVICES not set")
             result = steps.run("torch.cuda._lazy_init", detail, [], _cuda_context, original, (), {})

@@ -345,12 +345,14 @@ def _children(pid: int) -> str:
 
 
 def command_of(pid: int) -> str:
+    from importwatch.banner import mask_argv  # the watcher needs it only in a report
+
     data = _read(f"/proc/{pid}/cmdline", 512)
     if not data:
         stat = process_stat(pid)
         return f"[{stat.comm}]" if stat else "[gone]"
     words = [word.decode("utf-8", "backslashreplace") for word in data.rstrip(b"\0").split(b"\0")]
-    text = " ".join(words)
+    text = " ".join(mask_argv(words))
     return text if len(text) <= 80 else text[:77] + "..."
 
 
