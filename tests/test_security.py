@@ -322,3 +322,38 @@ def test_the_masking_rule(argv: list[str], shown: list[str]) -> None:
     from importwatch.banner import mask_argv
 
     assert mask_argv(argv) == shown
+
+
+# -- 4. helper programs --------------------------------------------------------------------------------
+@pytest.mark.parametrize("search", [":/usr/bin:/bin", ".:/usr/bin:/bin", "bin:/usr/bin:/bin"])
+def test_helpers_are_never_run_from_the_working_directory(tmp_path: Path, search: str) -> None:
+    """A `gdb` planted in the working directory must not run, whatever PATH says about it."""
+    marker = tmp_path / "planted-gdb-ran"
+    for folder in (tmp_path, tmp_path / "bin"):
+        folder.mkdir(exist_ok=True)
+        for tool in ("gdb", "pystack", "py-spy"):
+            (folder / tool).write_text(f"#!/bin/sh\ntouch {marker}\necho 'Thread 1 (LWP 1):'\n")
+            (folder / tool).chmod(0o755)
+    (tmp_path / "waits.py").write_text("import time\ntime.sleep(4)\n")
+    env = clean_env(PATH=search, PYTHONPATH=str(tmp_path))
+    done = importwatch("--timeout", "1", "-c", "import waits", cwd=tmp_path, env=env)
+    assert done.returncode == 0, done.stderr
+    assert "outside: waiting" in done.stderr
+    assert "outside: native stacks" in done.stderr or "outside: no native stacks" in done.stderr
+    assert not marker.exists()
+
+
+def test_the_watcher_runs_from_the_root_folder(tmp_path: Path, start) -> None:
+    (tmp_path / "waits.py").write_text("import time\ntime.sleep(30)\n")
+    token = uuid.uuid4().hex
+    running = start(
+        [sys.executable, "-m", "importwatch", "-c", "import waits"], cwd=tmp_path,
+        PYTHONPATH=str(tmp_path), WATCHER_TEST_MARKER=token,
+    )  # fmt: skip
+    running.wait_for("> waits", timeout=30)
+
+    def watchers() -> list[int]:
+        return [pid for pid in _marked(token) if b"importwatch.sidecar" in _read(f"/proc/{pid}/cmdline")]
+
+    assert _wait_for(lambda: len(watchers()) == 1, 10)
+    assert os.readlink(f"/proc/{watchers()[0]}/cwd") == "/"

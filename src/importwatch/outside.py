@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import bisect
 import os
-import shutil
 import signal
 import socket
 import struct
@@ -550,6 +549,22 @@ def ptrace_blocker(pid: int) -> str | None:
     return f"ptrace_scope is {scope.decode()}"
 
 
+def find_program(name: str, search: str | None = None) -> str | None:
+    """NAME's executable in the absolute folders of PATH (or SEARCH), or None.
+
+    An empty, `.` or relative entry means the working directory, where anyone who can
+    write there could plant a `gdb` that then runs as us (root, often): those are skipped.
+    """
+    search = os.environ.get("PATH", os.defpath) if search is None else search
+    for folder in search.split(os.pathsep):
+        if not os.path.isabs(folder):
+            continue
+        candidate = os.path.join(folder, name)
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
 def native_stacks(pid: int, timeout: float = 30.0) -> tuple[str, list[str]]:
     """Every thread's native stack from the first debugger installed: (tool, lines) or ('', [why])."""
     blocked = ptrace_blocker(pid)
@@ -560,7 +575,7 @@ def native_stacks(pid: int, timeout: float = 30.0) -> tuple[str, list[str]]:
         ("pystack", ["remote", str(pid), "--native"]),
         ("py-spy", ["dump", "--native", "--pid", str(pid)]),
     ):
-        path = shutil.which(tool)
+        path = find_program(tool)
         if path is None:
             continue
         try:

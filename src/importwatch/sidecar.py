@@ -47,7 +47,7 @@ _BOOT = (
 # -- the traced process's side ------------------------------------------------------------------
 def launch(sink: Sink, timeout: float, log: str | None, exit_on_stall: bool = False) -> str | None:
     """Start the watcher for this process and connect SINK's feed to it; returns why not, or None."""
-    executable = sys.executable
+    executable = sys.executable and os.path.abspath(sys.executable)  # it runs from /
     if not executable:
         return "no python executable to run it with"
     threading = sys.modules.get("threading")
@@ -82,8 +82,10 @@ def launch(sink: Sink, timeout: float, log: str | None, exit_on_stall: bool = Fa
                 os.close(go_write)  # so that the parent's close is the end of the pipe
                 if os.read(go_read, 1) != b"1":
                     os._exit(0)
-                # The watcher-to-be: its own session, no terminal, stdin and stdout on /dev/null.
+                # The watcher-to-be: its own session, no terminal, stdin and stdout on /dev/null,
+                # and a working directory where nobody else can put a program or module.
                 os.setsid()
+                os.chdir("/")
                 for fd, mode in ((0, os.O_RDONLY), (1, os.O_WRONLY)):
                     null = os.open(os.devnull, mode)
                     if null != fd:
