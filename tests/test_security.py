@@ -357,3 +357,30 @@ def test_the_watcher_runs_from_the_root_folder(tmp_path: Path, start) -> None:
 
     assert _wait_for(lambda: len(watchers()) == 1, 10)
     assert os.readlink(f"/proc/{watchers()[0]}/cwd") == "/"
+
+
+# -- 6. doctor's children ------------------------------------------------------------------------------
+def test_doctor_never_runs_modules_from_the_working_directory(tmp_path: Path) -> None:
+    marker = tmp_path / "shadow-ran"
+    for name in ("json", "onlyhere"):
+        (tmp_path / f"{name}.py").write_text(f"open({str(marker)!r}, 'a').write({name!r} + '\\n')\n")
+    console = Path(sys.executable).parent / "importwatch"  # `python -m` would put this folder first itself
+    done = subprocess.run(
+        [str(console), "doctor", "--import", "json", "onlyhere", "--no-cuda", "--timeout", "20", "--json"],
+        cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=80,
+    )  # fmt: skip
+    assert not marker.exists(), marker.read_text()
+    checks = {check["module"]: check for check in json.loads(done.stdout)["imports"]}
+    assert checks["json"]["status"] == "ok"
+    assert checks["onlyhere"]["status"] == "failed"
+    assert "No module named 'onlyhere'" in checks["onlyhere"]["error"]
+
+
+def test_doctor_still_imports_from_a_relative_pythonpath(tmp_path: Path) -> None:
+    """The children run elsewhere; a PYTHONPATH entry relative to here keeps meaning here."""
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "mine.py").write_text("")
+    done = importwatch(
+        "doctor", "--import", "mine", "--no-cuda", "--json", cwd=tmp_path, env=clean_env(PYTHONPATH="lib")
+    )
+    assert json.loads(done.stdout)["imports"][0]["status"] == "ok", done.stdout

@@ -42,6 +42,9 @@ SAMPLE_INTERVAL = 0.25
 LOW_MEMORY = 0.1
 GIB = 1 << 30
 
+# The folder importwatch is imported from (site-packages, or a source tree).
+_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 HELP_TIMEOUT = (
     "seconds each child (an import, the CUDA checks) may take before it is called hung (default 30)"
 )
@@ -148,10 +151,19 @@ def cuda_facts(torch: TorchFacts | None, environ: dict[str, str]) -> dict:
 
 # -- running children --------------------------------------------------------------------------------
 def _child_env(extra_path: Sequence[str]) -> dict[str, str]:
-    """Ours, minus IMPORTWATCH* settings (the child's options say all), plus folders given to --packages."""
+    """Ours, minus IMPORTWATCH* settings (the child's options say all), plus folders given to --packages.
+
+    The children run in a folder of their own (see _run_child): a relative PYTHONPATH
+    entry is made absolute from here, and importwatch itself stays importable when
+    only the working directory held it.
+    """
     env = {key: value for key, value in os.environ.items() if not key.startswith("IMPORTWATCH")}
-    if extra_path:
-        env["PYTHONPATH"] = os.pathsep.join([*extra_path, *filter(None, [env.get("PYTHONPATH")])])
+    entries = [*extra_path, *env.get("PYTHONPATH", "").split(os.pathsep)]
+    entries = [os.path.abspath(entry) for entry in entries if entry]
+    if _PACKAGE_ROOT not in entries and _PACKAGE_ROOT not in sys.path[1:]:
+        entries.append(_PACKAGE_ROOT)
+    if entries:
+        env["PYTHONPATH"] = os.pathsep.join(entries)
     return env
 
 
@@ -200,15 +212,24 @@ class _Watch:
 
 
 def _run_child(
-    command: list[str], limit: float, env: dict[str, str], stdout: int, stderr: int
+    command: list[str], limit: float, env: dict[str, str], stdout: int, stderr: int, cwd: str
 ) -> tuple[int | None, float, str | None]:
-    """Run COMMAND in its own process group; kill the group at LIMIT seconds.
+    """Run COMMAND in CWD, in its own process group; kill the group at LIMIT seconds.
 
+    CWD is the check's own private folder: `python -c` and `-m` put the working
+    directory first on sys.path, and a json.py left in the user's folder must not
+    run, nor stand in for what the check names.
     Returns (exit status, or None when killed; seconds; the outside view just before the end).
     """
     started = time.monotonic()
     process = subprocess.Popen(
-        command, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, env=env, start_new_session=True
+        command,
+        stdin=subprocess.DEVNULL,
+        stdout=stdout,
+        stderr=stderr,
+        env=env,
+        cwd=cwd,
+        start_new_session=True,
     )
     watch = _Watch(process.pid)
     status: int | None = None
@@ -301,7 +322,7 @@ def check_import(
         command += ["--log", log, "-c", "; ".join(f"import {name}" for name in modules)]
         with open(errors, "wb") as stderr:
             status, seconds, view = _run_child(
-                command, timeout + GRACE, env, subprocess.DEVNULL, stderr.fileno()
+                command, timeout + GRACE, env, subprocess.DEVNULL, stderr.fileno(), folder
             )
         events = _read_events(log)
         last_error = _last_error_line(errors)
@@ -408,7 +429,9 @@ def check_cuda(timeout: float, env: dict[str, str]) -> dict:
         errors = os.path.join(folder, "stderr.txt")
         with open(out, "wb") as stdout, open(errors, "wb") as stderr:
             command = [sys.executable, "-c", _CUDA_PROBE]
-            status, seconds, view = _run_child(command, timeout, env, stdout.fileno(), stderr.fileno())
+            status, seconds, view = _run_child(
+                command, timeout, env, stdout.fileno(), stderr.fileno(), folder
+            )
         records = []
         with open(out, encoding="utf-8", errors="replace") as file:
             for line in file:
