@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -384,3 +385,46 @@ def test_doctor_still_imports_from_a_relative_pythonpath(tmp_path: Path) -> None
         "doctor", "--import", "mine", "--no-cuda", "--json", cwd=tmp_path, env=clean_env(PYTHONPATH="lib")
     )
     assert json.loads(done.stdout)["imports"][0]["status"] == "ok", done.stdout
+
+
+# -- 7. SIGTERM and SIGHUP clean up as SIGINT does -------------------------------------------------------
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
+@pytest.mark.parametrize("command", ["bisect", "doctor"])
+def test_a_signal_kills_the_try_in_flight_and_removes_the_temporary_folder(
+    tmp_path: Path, command: str, signum: signal.Signals
+) -> None:
+    started = tmp_path / "started"
+    (tmp_path / "hangs.py").write_text(
+        "import subprocess, sys, time\n"
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"  # in the try's group
+        f"open({str(started)!r}, 'w').close()\n"
+        "time.sleep(600)\n"
+    )
+    (tmp_path / "job.py").write_text("import hangs\n")
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    token = uuid.uuid4().hex
+    env = clean_env(TMPDIR=str(temporary), PYTHONPATH=str(tmp_path), SIGNAL_TEST_MARKER=token)
+    if command == "bisect":
+        args = ["bisect", "--timeout", "60", "job.py"]
+    else:
+        args = ["doctor", "--import", "hangs", "--no-cuda", "--timeout", "60"]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "importwatch", *args], cwd=tmp_path, env=env, stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        assert _wait_for(started.exists, 40), "the try did not start"
+        assert any(b"importwatch.sidecar" in _read(f"/proc/{pid}/cmdline") for pid in _marked(token))
+        process.send_signal(signum)
+        _, err = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    how = "interrupted" if signum == signal.SIGINT else f"terminated by {signum.name}"
+    assert err.splitlines()[-1] == f"importwatch {command}: {how}", err
+    assert process.returncode == 128 + signum
+    # The try, the child it started and its watcher are gone, and so is the temporary folder.
+    assert _wait_for(lambda: _marked(token) == [], 10), [_read(f"/proc/{p}/cmdline") for p in _marked(token)]
+    assert list(temporary.iterdir()) == []

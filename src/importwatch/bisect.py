@@ -14,7 +14,7 @@ import time
 from importwatch import config
 from importwatch.banner import mask_argv
 from importwatch.runner import is_zip
-from importwatch.trials import ERROR, OK, STOPPED, Outcome, Trials
+from importwatch.trials import ERROR, OK, STOPPED, Outcome, TerminationAsInterrupt, Trials, stop_status
 from importwatch.usage import EXIT_USAGE, UsageError, fail, target_at, value_of
 
 TYPE_CHECKING = False
@@ -134,15 +134,17 @@ def main(args: list[str]) -> int:
         return fail(error)
     if options is None:
         return EXIT_NO_HANG
-    workdir = tempfile.mkdtemp(prefix="importwatch-bisect-")
-    try:
-        return Bisection(options, workdir).run()
-    except KeyboardInterrupt:
-        # Each try kills its child's process group on the way out.
-        sys.stderr.write("importwatch bisect: interrupted\n")
-        return 130
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+    with TerminationAsInterrupt():
+        workdir = tempfile.mkdtemp(prefix="importwatch-bisect-")
+        try:
+            return Bisection(options, workdir).run()
+        except KeyboardInterrupt as stop:  # SIGINT, SIGTERM or SIGHUP
+            # Each try kills its child's process group on the way out.
+            how, status = stop_status(stop)
+            sys.stderr.write(f"importwatch bisect: {how}\n")
+            return status
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
 
 
 class Result:

@@ -20,6 +20,7 @@ import time
 
 from importwatch import __version__, banner, cuda, dists, scan
 from importwatch.events import parse_line
+from importwatch.trials import TerminationAsInterrupt, stop_status
 from importwatch.usage import UsageError, argument_parser, fail
 
 TYPE_CHECKING = False
@@ -231,9 +232,9 @@ def _run_child(
         cwd=cwd,
         start_new_session=True,
     )
-    watch = _Watch(process.pid)
     status: int | None = None
-    try:
+    try:  # from here on the group is killed whatever stops us (a signal: see trials.Terminated)
+        watch = _Watch(process.pid)
         while True:
             try:
                 status = process.wait(0.05)
@@ -774,7 +775,14 @@ def main(args: list[str]) -> int:
         return fail(error)
     except SystemExit as exit:  # --help
         return int(exit.code or 0)
-    report = diagnose(imports, timeout, options.packages, options.cuda)
+    try:
+        with TerminationAsInterrupt():
+            report = diagnose(imports, timeout, options.packages, options.cuda)
+    except KeyboardInterrupt as stop:  # SIGINT, SIGTERM or SIGHUP
+        # The child in flight was killed with its process group, its folder removed, on the way out.
+        how, status = stop_status(stop)
+        sys.stderr.write(f"importwatch doctor: {how}\n")
+        return status
     if options.json:
         sys.stdout.write(json.dumps(report, indent=2) + "\n")
     else:

@@ -27,6 +27,52 @@ _POLL = 0.02
 _OURS = ("IMPORTWATCH", "IMPORTWATCH_TIMEOUT", "IMPORTWATCH_LOG", "IMPORTWATCH_EXIT_ON_STALL")
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, raised where SIGINT raises KeyboardInterrupt: the same clean-up runs."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def stop_status(stop: KeyboardInterrupt) -> tuple[str, int]:
+    """How a run stopped by a signal says so, and its exit status (128 + the signal, as a shell's)."""
+    if isinstance(stop, Terminated):
+        return f"terminated by {_signal_name(stop.signum)}", 128 + stop.signum
+    return "interrupted", 128 + signal.SIGINT
+
+
+class TerminationAsInterrupt:
+    """While active, SIGTERM and SIGHUP raise Terminated in the main thread, as SIGINT raises
+    KeyboardInterrupt: the try in flight (its process group) is killed and the temporary folder
+    removed on the way out. Signals the caller ignores (nohup) stay ignored; a second signal
+    during the clean-up is ignored, so that it runs to its end."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+    def __init__(self) -> None:
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> TerminationAsInterrupt:
+        for signum in self.SIGNALS:
+            try:
+                if signal.getsignal(signum) == signal.SIG_DFL:
+                    self._previous[signum] = signal.signal(signum, self._raise)
+            except ValueError:  # not the main thread: signals stay as they are
+                break
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous.clear()
+
+    def _raise(self, signum: int, _frame: object) -> None:
+        for other in self._previous:
+            signal.signal(other, signal.SIG_IGN)
+        raise Terminated(signum)
+
+
 def grace(timeout: float) -> float:
     """How long past the stall threshold a silent child may live before we kill it ourselves.
 
@@ -259,20 +305,22 @@ class Trials:
         errors = os.path.join(self.workdir, f"try-{number}.stderr")
         state = LogState()
         started = time.monotonic()
-        with open(os.devnull, "rb") as stdin, open(errors, "wb") as stderr:
-            child = subprocess.Popen(
-                self.command(target, log),
-                stdin=stdin,
-                stdout=subprocess.DEVNULL,
-                stderr=stderr,
-                cwd=self.cwd,
-                env=self.env if env is None else env,
-                start_new_session=True,
-            )
-        try:
+        child: subprocess.Popen | None = None
+        try:  # the child is killed whatever stops us, from the moment it exists (a signal: see Terminated)
+            with open(os.devnull, "rb") as stdin, open(errors, "wb") as stderr:
+                child = subprocess.Popen(
+                    self.command(target, log),
+                    stdin=stdin,
+                    stdout=subprocess.DEVNULL,
+                    stderr=stderr,
+                    cwd=self.cwd,
+                    env=self.env if env is None else env,
+                    start_new_session=True,
+                )
             why = self._watch(child, log, state, cancelled)
         finally:
-            _kill_group(child)
+            if child is not None:
+                _kill_group(child)
         tail = _tail(errors)
         outcome = _classify(
             child.returncode, why, state, time.monotonic() - started, self.timeout, first, tail
