@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import stat
 
 DEFAULT_TIMEOUT = 30.0
 
@@ -129,21 +128,6 @@ def expand_log_path(path: str, pid: int, rank: int | None = None) -> str:
     """
     expanded = path.replace("{pid}", str(pid)).replace("{rank}", "norank" if rank is None else str(rank))
     expanded = os.path.expanduser(expanded)
-    if _is_log_folder(expanded):
+    if os.path.isdir(expanded):
         expanded = os.path.join(expanded, f"importwatch-{pid}.log")
     return expanded
-
-
-def _is_log_folder(path: str) -> bool:
-    """An existing directory; through a symlink only when the link is ours or root's.
-
-    In a shared folder another user's symlink could steer the log elsewhere: such a
-    path stays a file name, which the sink then refuses to open through the link.
-    """
-    try:
-        link = os.lstat(path)
-    except OSError:
-        return False
-    if stat.S_ISLNK(link.st_mode) and link.st_uid not in (0, os.geteuid()):
-        return False
-    return os.path.isdir(path)

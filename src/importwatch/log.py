@@ -50,6 +50,40 @@ def _unsafe_log(fd: int) -> str | None:
     return None
 
 
+def planted_link(path: str) -> str | None:
+    """The first folder on PATH's way that is a symlink another user put in a sticky, world-writable
+    folder (as /tmp), or None.
+
+    This is the kernel's fs.protected_symlinks rule, kept where that setting is off (some
+    containers): such a link is followed only by its owner or the folder's. PATH's last part
+    is left to O_NOFOLLOW, which refuses every symlink there.
+    """
+    here = "/"
+    parts = [part for part in os.path.abspath(path).split("/") if part][:-1]
+    links = 0
+    while parts:
+        step = os.path.join(here, parts.pop(0))
+        try:
+            link = os.lstat(step)
+            if not stat.S_ISLNK(link.st_mode):
+                here = step
+                continue
+            folder = os.stat(here)
+            target = os.readlink(step)
+        except OSError:
+            return None  # nothing there (yet): the open itself says what is wrong
+        shared = folder.st_mode & (stat.S_ISVTX | stat.S_IWOTH) == stat.S_ISVTX | stat.S_IWOTH
+        if shared and link.st_uid not in (os.geteuid(), folder.st_uid):
+            return step
+        links += 1
+        if links > 40:  # the kernel's own limit: the open fails with ELOOP
+            return None
+        parts[:0] = [part for part in target.split("/") if part]
+        if target.startswith("/"):
+            here = "/"
+    return None
+
+
 def rank_from_env(environ: dict[str, str] | os._Environ[str] = os.environ) -> int | None:
     """The process's rank in a distributed job: RANK, else LOCAL_RANK, when set to a number."""
     for name in ("RANK", "LOCAL_RANK"):
@@ -166,6 +200,13 @@ class Sink:
         put something at PATH first: a symlink is never followed, a FIFO or device never
         waited on, and only a regular file of our own (or a new one, mode 0600) is taken.
         """
+        planted = planted_link(path)
+        if planted is not None:
+            self.warn(
+                f"cannot open log file {path}: {planted} is a symbolic link another user put in a shared "
+                "folder; logging to stderr only"
+            )
+            return False
         try:
             fd = os.open(path, _LOG_FLAGS, 0o600)
         except OSError as error:
@@ -189,7 +230,6 @@ class Sink:
             import json
 
             self._json = json
-        return True
 
     def close_log(self) -> None:
         if self.log is not None:
