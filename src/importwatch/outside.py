@@ -549,14 +549,13 @@ def ptrace_blocker(pid: int) -> str | None:
     return f"ptrace_scope is {scope.decode()}"
 
 
-def find_program(name: str, search: str | None = None) -> str | None:
-    """NAME's executable in the absolute folders of PATH (or SEARCH), or None.
+def find_program(name: str) -> str | None:
+    """NAME's executable in the absolute folders of PATH, or None.
 
     An empty, `.` or relative entry means the working directory, where anyone who can
     write there could plant a `gdb` that then runs as us (root, often): those are skipped.
     """
-    search = os.environ.get("PATH", os.defpath) if search is None else search
-    for folder in search.split(os.pathsep):
+    for folder in os.environ.get("PATH", os.defpath).split(os.pathsep):
         if not os.path.isabs(folder):
             continue
         candidate = os.path.join(folder, name)
