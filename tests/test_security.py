@@ -336,22 +336,45 @@ def test_the_masking_rule(argv: list[str], shown: list[str]) -> None:
 
 
 # -- 4. helper programs --------------------------------------------------------------------------------
-@pytest.mark.parametrize("search", [":/usr/bin:/bin", ".:/usr/bin:/bin", "bin:/usr/bin:/bin"])
-def test_helpers_are_never_run_from_the_working_directory(tmp_path: Path, search: str) -> None:
-    """A `gdb` planted in the working directory must not run, whatever PATH says about it."""
-    marker = tmp_path / "planted-gdb-ran"
+@pytest.fixture
+def planted_helpers(tmp_path: Path) -> Path:
+    """gdb, pystack and py-spy stand-ins in TMP_PATH and TMP_PATH/bin; the file each touches if run."""
+    marker = tmp_path / "planted-helper-ran"
     for folder in (tmp_path, tmp_path / "bin"):
         folder.mkdir(exist_ok=True)
         for tool in ("gdb", "pystack", "py-spy"):
             (folder / tool).write_text(f"#!/bin/sh\ntouch {marker}\necho 'Thread 1 (LWP 1):'\n")
             (folder / tool).chmod(0o755)
+    return marker
+
+
+@pytest.mark.parametrize("search", [":/usr/bin:/bin", ".:/usr/bin:/bin", "bin:/usr/bin:/bin"])
+def test_helpers_are_never_run_from_the_working_directory(
+    tmp_path: Path, planted_helpers: Path, search: str
+) -> None:
+    """A `gdb` planted in the working directory must not run, whatever PATH says about it."""
     (tmp_path / "waits.py").write_text("import time\ntime.sleep(4)\n")
     env = clean_env(PATH=search, PYTHONPATH=str(tmp_path))
     done = importwatch("--timeout", "1", "-c", "import waits", cwd=tmp_path, env=env)
     assert done.returncode == 0, done.stderr
     assert "outside: waiting" in done.stderr
     assert "outside: native stacks" in done.stderr or "outside: no native stacks" in done.stderr
-    assert not marker.exists()
+    assert not planted_helpers.exists()
+
+
+def test_inspect_never_runs_helpers_from_the_working_directory(tmp_path: Path, planted_helpers: Path) -> None:
+    sleeper = subprocess.Popen(
+        [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(120)"],
+        stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    try:
+        assert sleeper.stdout is not None and sleeper.stdout.readline() == b"up\n"
+        done = importwatch("inspect", str(sleeper.pid), cwd=tmp_path, env=clean_env(PATH=":/usr/bin:/bin"))
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert done.returncode in (0, 1), done.stdout + done.stderr
+    assert not planted_helpers.exists()
 
 
 def test_the_watcher_runs_from_the_root_folder(tmp_path: Path, start) -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import shutil
 import subprocess
 import sys
 import time
@@ -476,7 +475,7 @@ def read_stacks(pid: int, native: bool, version: str | None) -> Stacks:
             f"no stacks: {blocked}; run inspect as root, or: sudo sysctl kernel.yama.ptrace_scope=0"
         )
         return stacks
-    gdb, pyspy = shutil.which("gdb"), shutil.which("py-spy")
+    gdb, pyspy = outside.find_program("gdb"), outside.find_program("py-spy")  # never from the cwd
     # py-spy first: it stops the process for a fraction of a second where gdb, reading the symbols
     # of every library mapped, takes seconds with torch loaded. gdb for what py-spy did not read.
     if pyspy:
