@@ -96,7 +96,8 @@ class ThreadSample:
         return STATES.get(self.state, self.state)
 
 
-def _read(path: str, limit: int = 1 << 16) -> bytes | None:
+def read_file(path: str, limit: int = 1 << 16) -> bytes | None:
+    """The file at PATH read to its end (at most LIMIT bytes), or None when it cannot be read."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
@@ -116,6 +117,9 @@ def _read(path: str, limit: int = 1 << 16) -> bytes | None:
         return None
     finally:
         os.close(fd)
+
+
+_read = read_file  # the short name the readers below use
 
 
 def _stat_fields(data: bytes) -> tuple[str, list[bytes]]:
@@ -606,7 +610,7 @@ def _gdb_lines(output: str, frames: int = 24) -> list[str]:
         elif line.startswith("#"):
             count += 1
             if count <= frames:
-                lines.append("  " + _short_frame(line))
+                lines.append("  " + short_frame(line))
             elif count == frames + 1:
                 lines.append("  ...")
     return lines
@@ -617,7 +621,7 @@ def _lwp(line: str) -> str:
     return f" (LWP {line[start + 5 : line.find(')', start)]})" if start >= 0 else ""
 
 
-def _short_frame(line: str) -> str:
+def short_frame(line: str) -> str:
     """'#3  0x7f.. in my_ctor (a=1) at x.c:4' -> '#3 my_ctor at x.c:4'; ' from /lib/x.so' kept."""
     number, _, rest = line.partition(" ")
     rest = rest.strip()

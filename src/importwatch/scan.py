@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
     from importwatch.cuda import TorchFacts
 
-_TORCH_STEMS = ("libc10", "libtorch", "libshm", "libcaffe2")
+TORCH_STEMS = ("libc10", "libtorch", "libshm", "libcaffe2")
 # Folders that hold no code of their own, or code the loader never maps from there.
 _SKIP_DIRS = frozenset({"__pycache__", ".git", "tests", "test"})
 # The runtimes themselves: their CUDA is the one they ship, not a need to check against torch's.
@@ -274,7 +274,7 @@ def _look(result: ScanResult, path: str, package: str, root: str) -> None:
         return
     result.shared_objects += 1
     needs = cuda_needs(info.needed)
-    torch_links = [name for name in info.needed if library_stem(name).startswith(_TORCH_STEMS)]
+    torch_links = [name for name in info.needed if library_stem(name).startswith(TORCH_STEMS)]
     if needs or torch_links:
         result.libraries.append(Library(path, package, needs, torch_links, _module_of(path, root)))
 

@@ -1,0 +1,219 @@
+"""Reads another process's stacks: py-spy and gdb run from outside, their output parsed per thread.
+
+py-spy reads the Python frames without stopping the process (--nonblocking); gdb
+reads the native frames, and the Python ones through the interpreter's debug
+symbols (gdb_python_frames.py, sourced by its absolute path).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+from importwatch import outside
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+HELPER_TIMEOUT = 60.0
+BOOTSTRAP = ("<frozen importlib._bootstrap>", "<frozen importlib._bootstrap_external>")
+# importlib's functions whose first argument is the module name an import is for.
+NAMED = ("_find_and_load", "_find_and_load_unlocked", "_lock_unlock_module")
+# The markers gdb_python_frames.py prints: one thread, one frame, the end and how it went.
+THREAD, FRAME, END = "@@importwatch-thread", "@@importwatch-frame", "@@importwatch-end"
+GDB_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gdb_python_frames.py")
+
+
+class Frame:
+    """One Python frame: function, file, line (None when unknown), the module name importlib was given."""
+
+    __slots__ = ("argument", "filename", "function", "line")
+
+    def __init__(self, function: str, filename: str, line: int | None = None, argument: str = "") -> None:
+        self.function = function
+        self.filename = filename
+        self.line = line
+        self.argument = argument
+
+    @property
+    def in_importlib(self) -> bool:
+        return self.filename in BOOTSTRAP
+
+    def describe(self) -> str:
+        where = f"{self.filename}:{self.line}" if self.line else self.filename
+        return f"{self.function} ({where})"
+
+
+class Stacks:
+    """What the helpers read: Python frames and native frames per thread id, innermost first."""
+
+    def __init__(self) -> None:
+        self.tool = ""
+        self.python: dict[int, list[Frame]] = {}
+        self.native: dict[int, list[str]] = {}
+        self.names: dict[int, str] = {}
+        self.unseen: list[str] = []
+
+    def read_with(self, tool: str) -> None:
+        self.tool = f"{self.tool}, {tool}" if self.tool else tool
+
+
+def read_stacks(pid: int, native: bool, version: str | None) -> Stacks:
+    """The stacks from py-spy, and from gdb what py-spy did not read (all of it when py-spy is not
+    installed); why not, when neither can."""
+    stacks = Stacks()
+    blocked = outside.ptrace_blocker(pid)
+    if blocked is not None:
+        stacks.unseen.append(
+            f"no stacks: {blocked}; run inspect as root, or: sudo sysctl kernel.yama.ptrace_scope=0"
+        )
+        return stacks
+    gdb, pyspy = outside.find_program("gdb"), outside.find_program("py-spy")  # never from the cwd
+    # py-spy first: it stops the process for a fraction of a second where gdb, reading the symbols
+    # of every library mapped, takes seconds with torch loaded. gdb for what py-spy did not read.
+    if pyspy:
+        _pyspy(stacks, pyspy, pid, native and not gdb)
+    if gdb and (not stacks.python or (native and not stacks.native)):
+        _gdb(stacks, gdb, pid, native, version, python=not stacks.python)
+        if stacks.python:
+            stacks.unseen = [note for note in stacks.unseen if not note.startswith("py-spy read no")]
+    if not gdb and not pyspy:
+        stacks.unseen.append(
+            "no stacks: neither gdb nor py-spy is installed; install one (apt install gdb, or "
+            "pip install py-spy) for the Python import chain and the native frames"
+        )
+    elif not stacks.python and not stacks.unseen:
+        stacks.unseen.append("no Python frames: install py-spy (pip install py-spy) to read them")
+    return stacks
+
+
+def _helper(command: list[str]) -> tuple[str, str]:
+    done = subprocess.run(
+        command,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        timeout=HELPER_TIMEOUT,
+        text=True,
+        errors="replace",
+    )
+    return done.stdout, done.stderr
+
+
+# -- gdb ---------------------------------------------------------------------------------------------
+def _gdb(stacks: Stacks, gdb: str, pid: int, native: bool, version: str | None, python: bool) -> None:
+    command = [gdb, "-p", str(pid), "-batch", "-nx", "-ex", "set pagination off"]
+    if native:
+        command += ["-ex", "thread apply all bt"]
+    if python:
+        command += ["-x", GDB_SCRIPT]  # -ex and -x run in the order given
+    try:
+        out, err = _helper(command)
+    except (OSError, subprocess.SubprocessError) as error:
+        stacks.unseen.append(f"gdb failed: {error}")
+        return
+    stacks.read_with("gdb")
+    status = parse_gdb(out, stacks)
+    if python and (not status.startswith("ok") or not any(stacks.python.values())):
+        stacks.python = {}
+        why = status.partition(" ")[2] or (err.strip().splitlines() or ["no output"])[-1]
+        minor = ".".join((version or "").split(".")[:2])
+        stacks.unseen.append(
+            f"gdb could not read Python's frames ({why.strip()[:160]}): it reads them through the "
+            f"interpreter's debug symbols (python{minor}-dbg, or a Python built with -g); "
+            "py-spy needs none (pip install py-spy)"
+        )
+    if native and not stacks.native:
+        stacks.unseen.append(f"gdb showed no native stacks: {(err.strip().splitlines() or ['?'])[-1]}")
+
+
+def parse_gdb(out: str, stacks: Stacks) -> str:
+    """gdb's backtraces and gdb_python_frames.py's lines into STACKS; that script's end status."""
+    native_lines: list[str] = []
+    thread: int | None = None
+    python_thread: int | None = None
+    status = ""
+    for line in out.splitlines():
+        if line.startswith(THREAD):
+            python_thread = int(line.split("\t")[1] or 0)
+            stacks.python.setdefault(python_thread, [])
+        elif line.startswith(FRAME):
+            _, function, filename, argument = [*line.split("\t"), "", "", ""][:4]
+            if python_thread is not None:
+                stacks.python[python_thread].append(Frame(function, filename, None, argument))
+        elif line.startswith(END):
+            status = " ".join(line.split("\t", 2)[1:])
+        elif line.startswith("Thread ") and "(LWP " in line:
+            thread = int(line.split("(LWP ", 1)[1].split(")", 1)[0])
+            native_lines = stacks.native.setdefault(thread, [])
+        elif line.startswith("#") and thread is not None:
+            native_lines.append(line)
+    stacks.python.pop(0, None)  # a thread state whose LWP gdb did not know
+    return status
+
+
+# -- py-spy ------------------------------------------------------------------------------------------
+def _pyspy(stacks: Stacks, pyspy: str, pid: int, native: bool) -> None:
+    # Without native frames py-spy reads the memory without stopping the process at all; a hung
+    # process's frames hold still. Should that read come out torn (a busy process), it stops it.
+    tries = [["--native"]] if native else [["--nonblocking"], []]
+    for extra in tries:
+        try:
+            out, err = _helper([pyspy, "dump", "--pid", str(pid), "--locals", *extra])
+        except (OSError, subprocess.SubprocessError) as error:
+            stacks.unseen.append(f"py-spy failed: {error}")
+            return
+        if "\n    " in out:  # a frame line
+            break
+    parse_pyspy(out, stacks)
+    if not any(stacks.python.values()):
+        stacks.python = {}
+        stacks.unseen.append(f"py-spy read no Python frames: {(err.strip().splitlines() or ['?'])[-1]}")
+        return
+    stacks.read_with("py-spy")
+
+
+def parse_pyspy(out: str, stacks: Stacks) -> None:
+    """`py-spy dump --locals` into STACKS: thread names, Python frames with importlib's module name,
+    native frames (with --native) as 'function from library'."""
+    thread = None
+    frames: list[Frame] = []
+    section = ""
+    for line in out.splitlines():
+        stripped = line.strip()
+        if line.startswith("Thread "):
+            try:
+                thread = int(line.split()[1], 0)
+            except ValueError:
+                thread = None
+                continue
+            if ': "' in line:
+                stacks.names[thread] = line.rsplit(': "', 1)[1].rstrip('"')
+            frames = stacks.python.setdefault(thread, [])
+        elif thread is None or not stripped:
+            continue
+        elif line.startswith("    ") and not line.startswith("        "):
+            function, _, where = stripped.rpartition(" (")
+            where = where.rstrip(")")
+            filename, colon, number = where.rpartition(":")
+            if colon and number.isdigit():
+                frames.append(Frame(function, filename, int(number)))
+            else:
+                stacks.native.setdefault(thread, []).append(f"{function} from {where}")
+            section = ""
+        elif stripped in ("Arguments:", "Locals:"):
+            section = stripped
+        elif section == "Arguments:" and stripped.startswith("name: ") and frames:
+            frame = frames[-1]
+            if frame.function.endswith(NAMED):
+                frame.argument = stripped[6:].strip('"')
+
+
+def short_native(lines: Sequence[str], limit: int = 16) -> list[str]:
+    """A thread's native frames for the report: gdb's shortened to function and library, at most LIMIT."""
+    if lines and lines[0].startswith("#"):
+        shown = [outside.short_frame(line) for line in lines[:limit]]
+        if len(lines) > limit:
+            shown.append("...")
+        return shown
+    return [line.strip() for line in lines[:limit]]
