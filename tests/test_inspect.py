@@ -361,3 +361,92 @@ def test_a_process_of_another_user_is_not_permitted(spawn) -> None:
         f"importwatch: error: inspect: not permitted to read process {process.pid} (owned by root): "
         "run inspect as that user, or as root\n"
     )
+
+
+# -- a process inspect must leave as it is: stopped, or held by another debugger ------------------------
+def _state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+
+
+def _tracer(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(status.split("TracerPid:", 1)[1].split()[0])
+
+
+def _installed() -> tuple[str, ...]:
+    return tuple(name for name, path in (("gdb", GDB), ("py-spy", PYSPY)) if path)
+
+
+@pytest.mark.parametrize("helpers", [("gdb", "py-spy"), ("gdb",), ("py-spy",), ()])
+@pytest.mark.timeout(180)
+def test_a_stopped_process_stays_stopped_and_no_debugger_attaches(
+    spawn, site: Path, tmp_path: Path, helpers: tuple[str, ...]
+) -> None:
+    if not set(helpers) <= set(_installed()):
+        pytest.skip(f"needs {' and '.join(helpers)}")
+    process = spawn("-c", "import fastkern._kernels")
+    wait_for_mapping(process.pid, "_kernels")
+    os.kill(process.pid, signal.SIGSTOP)
+    _, status = os.waitpid(process.pid, os.WUNTRACED)  # the stop, as its parent sees it
+    assert os.WIFSTOPPED(status)
+    done = inspect(process.pid, "--json", path=tools(tmp_path, *helpers))
+    assert done.returncode == 1, done.stdout + done.stderr
+    report = json.loads(done.stdout)
+    # Just as it was: stopped, and nothing its parent could see happened (no continue, no new stop).
+    assert _state(process.pid) == "T"
+    assert os.waitpid(process.pid, os.WNOHANG | os.WUNTRACED | os.WCONTINUED) == (0, 0)
+    assert "gdb" not in (report["tool"] or "")
+    (thread,) = report["threads"]
+    assert thread["native"] == []
+    # The load is still named, from the code addresses on its stack, read through /proc.
+    assert thread["load"]["how"] == "its constructor runs, inside dlopen"
+    assert thread["load"]["source"] == "the libraries on its stack (no debugger)"
+    assert thread["load"]["module"] == "fastkern._kernels"
+    assert (
+        "no native stacks: it is stopped (stopped), and a debugger's attach and detach may let it run "
+        "on, so no debugger is attached to it: only py-spy --nonblocking and /proc read it"
+    ) in report["unseen"]
+    assert report["problems"][0].startswith(f"process {process.pid} is stopped (stopped)")
+    if "py-spy" in helpers:
+        assert report["tool"] == "py-spy"
+        assert thread["chain"] == ["fastkern._kernels"]
+    else:
+        assert any(note.startswith("no Python frames: install py-spy") for note in report["unseen"])
+
+
+@pytest.mark.skipif(GDB is None, reason="gdb is not installed")
+@pytest.mark.timeout(180)
+def test_a_process_another_debugger_holds_is_read_without_attaching(spawn, tmp_path: Path) -> None:
+    process = spawn("-c", "import time\nprint('up', flush=True)\ntime.sleep(600)")
+    assert process.stdout is not None and process.stdout.readline() == b"up\n"
+    assert GDB is not None
+    # Someone's gdb, attached and waiting for its next command.
+    other = subprocess.Popen(
+        [GDB, "-nx", "-q", "-p", str(process.pid)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while _tracer(process.pid) != other.pid:
+            if other.poll() is not None or time.monotonic() > deadline:
+                pytest.skip("gdb could not attach to the process here")
+            time.sleep(0.1)
+        before = _state(process.pid)
+        done = inspect(process.pid, "--json", path=tools(tmp_path, *_installed()))
+        report = json.loads(done.stdout)
+        assert _tracer(process.pid) == other.pid and _state(process.pid) == before
+        assert "gdb" not in (report["tool"] or "")
+        assert any(
+            note.startswith(f"no native stacks: pid {other.pid} (")
+            and "is debugging it, so no debugger" in note
+            for note in report["unseen"]
+        ), report["unseen"]
+        if PYSPY is not None:
+            assert report["tool"] == "py-spy"
+            assert report["threads"][0]["python"][0].startswith("<module> (<string>:")
+    finally:
+        other.kill()
+        other.wait(timeout=30)

@@ -113,17 +113,17 @@ def _load_facts(
         if not (facts["dlopen"] or facts["init"] or in_extension):
             return None
         return facts, "its native stack"
-    if in_extension:
-        facts = {"dlopen": None, "file": None, "constructor": False, "init": None, "library": None}
-        return facts, "its Python frames"
     ours = [path for path in on_stack if not is_system(path, exe)]
     dynamic = any(os.path.basename(path).startswith("ld-linux") for path in on_stack[:4])
     # Without ld.so on the stack, an extension's code on it may be any call into it, not its
     # PyInit: only a load inside dlopen is named without a debugger.
-    if not ours or not dynamic:
-        return None
-    facts = {"dlopen": True, "file": None, "constructor": True, "init": None, "library": ours[0]}
-    return facts, "the libraries on its stack (no debugger)"
+    if ours and dynamic:
+        facts = {"dlopen": True, "file": None, "constructor": True, "init": None, "library": ours[0]}
+        return facts, "the libraries on its stack (no debugger)"
+    if in_extension:
+        facts = {"dlopen": None, "file": None, "constructor": False, "init": None, "library": None}
+        return facts, "its Python frames"
+    return None
 
 
 def load_of(

@@ -47,8 +47,9 @@ def _parser():
             "Diagnose a running Python process started without importwatch, from outside: what each "
             "thread waits on, the import in flight, the shared object being initialised and what it "
             "needs. The process is never signalled nor changed; a debugger stops it only while it "
-            "reads its stacks. Exit status 0 when nothing is suspect, 1 when a hang or problem is "
-            "named, 2 on bad usage."
+            "reads its stacks, and is never attached to a process that is stopped or already being "
+            "debugged. Exit status 0 when nothing is suspect, 1 when a hang or problem is named, "
+            "2 on bad usage."
         ),
     )
     parser.add_argument("pid", metavar="PID", help="the process to inspect")

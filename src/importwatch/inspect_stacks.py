@@ -2,7 +2,11 @@
 
 py-spy reads the Python frames without stopping the process (--nonblocking); gdb
 reads the native frames, and the Python ones through the interpreter's debug
-symbols (gdb_python_frames.py, sourced by its absolute path).
+symbols (gdb_python_frames.py, sourced by its absolute path). Neither is started
+where it could change the process: no debugger on a process that is stopped
+(attaching and detaching may let it run on, and its parent would see it) or
+that another debugger holds; there py-spy --nonblocking alone reads it, and
+/proc tells the rest.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import os
 import subprocess
 
 from importwatch import outside
+from importwatch.inspect_target import tracer_pid
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -59,6 +64,17 @@ class Stacks:
         self.tool = f"{self.tool}, {tool}" if self.tool else tool
 
 
+def held(pid: int) -> str | None:
+    """Why no debugger may attach to PID without changing it (stopped, or held by another); else None."""
+    tracer = tracer_pid(pid)
+    if tracer and tracer != os.getpid():
+        return f"pid {tracer} ({outside.command_of(tracer)}) is debugging it"
+    stat = outside.process_stat(pid)
+    if stat is not None and stat.state in "Tt":
+        return f"it is stopped ({stat.state_name}), and a debugger's attach and detach may let it run on"
+    return None
+
+
 def read_stacks(pid: int, native: bool, version: str | None) -> Stacks:
     """The stacks from py-spy, and from gdb what py-spy did not read (all of it when py-spy is not
     installed); why not, when neither can."""
@@ -70,15 +86,26 @@ def read_stacks(pid: int, native: bool, version: str | None) -> Stacks:
         )
         return stacks
     gdb, pyspy = outside.find_program("gdb"), outside.find_program("py-spy")  # never from the cwd
+    hold = held(pid)
+    if hold is not None:
+        stacks.unseen.append(
+            f"no native stacks: {hold}, so no debugger is attached to it: only py-spy --nonblocking "
+            "and /proc read it"
+        )
+        gdb, native = None, False
     # py-spy first: it stops the process for a fraction of a second where gdb, reading the symbols
     # of every library mapped, takes seconds with torch loaded. gdb for what py-spy did not read.
     if pyspy:
-        _pyspy(stacks, pyspy, pid, native and not gdb)
+        _pyspy(stacks, pyspy, pid, native and not gdb, may_stop=hold is None)
     if gdb and (not stacks.python or (native and not stacks.native)):
         _gdb(stacks, gdb, pid, native, version, python=not stacks.python)
         if stacks.python:
             stacks.unseen = [note for note in stacks.unseen if not note.startswith("py-spy read no")]
-    if not gdb and not pyspy:
+    if hold is not None and not pyspy:
+        stacks.unseen.append(
+            "no Python frames: install py-spy (pip install py-spy): it reads them without attaching"
+        )
+    elif not gdb and not pyspy:
         stacks.unseen.append(
             "no stacks: neither gdb nor py-spy is installed; install one (apt install gdb, or "
             "pip install py-spy) for the Python import chain and the native frames"
@@ -153,10 +180,11 @@ def parse_gdb(out: str, stacks: Stacks) -> str:
 
 
 # -- py-spy ------------------------------------------------------------------------------------------
-def _pyspy(stacks: Stacks, pyspy: str, pid: int, native: bool) -> None:
+def _pyspy(stacks: Stacks, pyspy: str, pid: int, native: bool, may_stop: bool) -> None:
     # Without native frames py-spy reads the memory without stopping the process at all; a hung
-    # process's frames hold still. Should that read come out torn (a busy process), it stops it.
-    tries = [["--native"]] if native else [["--nonblocking"], []]
+    # process's frames hold still. Should that read come out torn (a busy process), it stops it,
+    # unless it must not be touched (MAY_STOP false: stopped, or held by another debugger).
+    tries = [["--native"]] if native else [["--nonblocking"], []] if may_stop else [["--nonblocking"]]
     for extra in tries:
         try:
             out, err = _helper([pyspy, "dump", "--pid", str(pid), "--locals", *extra])
