@@ -157,7 +157,7 @@ def inspect(pid: int, native: bool = True) -> dict:
     threads = [_thread(target, sample, before.get(tid), ran, stacks) for tid, sample in samples.items()]
     holders(threads)
     libraries = _libraries(threads, torch, driver)
-    problems = hang_problems(pid, threads, target.stat)
+    problems = hang_problems(pid, threads, target.stat, samples)
     problems += [f"! {text}" for lib in libraries for text in lib["verdicts"]]
     return {
         "pid": pid,

@@ -7,7 +7,7 @@ import shlex
 import time
 
 from importwatch import outside
-from importwatch.inspect_stacks import BOOTSTRAP
+from importwatch.inspect_stacks import described_in_importlib
 from importwatch.log import escape
 
 TYPE_CHECKING = False
@@ -108,7 +108,7 @@ def _python_path(frames: Sequence[str]) -> str:
     parts: list[str] = []
     run = 0
     for frame in reversed(frames):
-        if frame.split(" (", 1)[-1].startswith(BOOTSTRAP):
+        if described_in_importlib(frame):
             run += 1
             continue
         if run:

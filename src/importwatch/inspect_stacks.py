@@ -50,6 +50,11 @@ class Frame:
         return f"{self.function} ({where})"
 
 
+def described_in_importlib(described: str) -> bool:
+    """True when Frame.describe() wrote DESCRIBED for one of importlib's own frames."""
+    return described.split(" (", 1)[-1].startswith(BOOTSTRAP)
+
+
 class Stacks:
     """What the helpers read: Python frames and native frames per thread id, innermost first."""
 

@@ -13,7 +13,12 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
 
-def hang_problems(pid: int, threads: list[dict], stat: outside.ProcessStat | None) -> list[str]:
+def hang_problems(
+    pid: int,
+    threads: list[dict],
+    stat: outside.ProcessStat | None,
+    samples: dict[int, outside.ThreadSample],
+) -> list[str]:
     """The process stopped, a thread hung in an import or a load, a thread waiting for stdin."""
     problems = []
     if stat is not None and stat.state in "Tt":
@@ -30,10 +35,21 @@ def hang_problems(pid: int, threads: list[dict], stat: outside.ProcessStat | Non
             problems.append(
                 f"{label} hangs loading {load['file'] or load['initialising']} ({load['how']}{idle})"
             )
-        waits = thread.get("waits_on") or ""
-        if waits.startswith(("in read on fd 0:", "in readv on fd 0:")):
-            problems.append(f"{label} waits for input on stdin: {waits.partition(': ')[2]}")
+        sample = samples.get(thread["tid"])
+        if thread["verdict"] != outside.BUSY and sample is not None and _reads_stdin(sample):
+            problems.append(f"{label} waits for input on stdin: {outside.describe_fd(pid, 0)}")
     return problems
+
+
+def _reads_stdin(sample: outside.ThreadSample) -> bool:
+    """True when the thread is blocked in a read of fd 0."""
+    call = sample.syscall
+    return (
+        bool(call)
+        and len(call) > 1
+        and call[1] == 0
+        and outside.SYSCALLS.get(call[0], ("",))[0] in ("read", "readv")
+    )
 
 
 def _where(thread: dict, idle: str) -> str:
