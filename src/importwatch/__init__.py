@@ -22,6 +22,7 @@ def install(timeout: float | None = None, log: str | None = None, exit_on_stall:
         timeout=settings.timeout if timeout is None else timeout,
         log=settings.log if log is None else log,
         exit_on_stall=exit_on_stall or settings.exit_on_stall,
+        stderr=settings.stderr,
     )
     startup.activate(settings, warnings)
 

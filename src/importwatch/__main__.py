@@ -1,5 +1,20 @@
-"""`python -m importwatch`: the command line."""
+"""`python -m importwatch`: the command line; the program then runs from this module's own frame.
 
-from importwatch.cli import main
+Run here at module level rather than in a function, the program has below its
+first frame only what `python -m runpy` puts there: runpy's two frames and this one.
+"""
 
-raise SystemExit(main())
+from importwatch import cli, runner
+
+_launch = cli.prepare()
+if not isinstance(_launch, runner.Launch):
+    raise SystemExit(_launch)
+try:
+    if _launch.code is None:
+        _launch.run_module(_launch.module, _launch.alter_argv)
+    else:
+        exec(_launch.code, _launch.namespace)
+except SystemExit:
+    raise
+except BaseException as _error:
+    runner.report_uncaught(_error)

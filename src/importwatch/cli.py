@@ -10,7 +10,7 @@ from importwatch.usage import UsageError, fail, target_at, value_of
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from importwatch.runner import Target
+    from importwatch.runner import Launch, Target
 
 EXIT_OK = 0
 EXIT_PROBLEM = 1
@@ -24,6 +24,7 @@ USAGE = """\
 usage: importwatch [OPTIONS] SCRIPT [ARGS...]
        importwatch [OPTIONS] -m MODULE [ARGS...]
        importwatch [OPTIONS] -c CODE [ARGS...]
+       importwatch [OPTIONS] - [ARGS...]      (the program read from stdin)
        importwatch doctor|bisect|report|inspect ...   (see importwatch COMMAND --help)
 
 Run a Python program as python would, logging the start and end of every import
@@ -31,11 +32,16 @@ and native library load, flushed, and dumping every thread's stack when an
 import makes no progress for a while.
 
 options (each has an environment twin, used with IMPORTWATCH=1):
-  --timeout S       stall threshold in seconds; 0 turns the watchdog off
-                    (IMPORTWATCH_TIMEOUT, default 30)
-  --log PATH        also append every line to PATH; {pid} expands, a directory
-                    gets importwatch-PID.log, a .jsonl path gets JSON Lines
-                    (IMPORTWATCH_LOG)
+  --timeout S       stall threshold in seconds, 0.1 to 604800 (7 days); 0 turns
+                    the watchdog off (IMPORTWATCH_TIMEOUT, default 30)
+  --log PATH        also append every line to PATH; {pid} expands to the process
+                    id and {rank} to the distributed rank (norank outside a
+                    distributed job); a directory gets importwatch-PID.log, a
+                    .jsonl path gets JSON Lines (IMPORTWATCH_LOG)
+  --stderr all|stalls|none
+                    what goes to stderr: every line; only the start line, stall
+                    reports, ! verdicts, deaths and warnings; or nothing (the
+                    log still gets every line) (IMPORTWATCH_STDERR, default all)
   --exit-on-stall   exit with status 1 after the first stall report
                     (IMPORTWATCH_EXIT_ON_STALL=1)
   --watcher, --no-watcher
@@ -48,11 +54,25 @@ options (each has an environment twin, used with IMPORTWATCH=1):
   -h, --help        show this help and exit
   --version         show the version and exit
 
-Everything after SCRIPT, -m MODULE or -c CODE belongs to the program.
+IMPORTWATCH=1 traces every Python process that has it in its environment
+(off: unset, empty, 0, false, no, off). Everything after SCRIPT, -m MODULE,
+-c CODE or - belongs to the program.
 """
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The console script: the program runs from runner.execute (python -m runs it from __main__.py)."""
+    launch = prepare(argv)
+    if isinstance(launch, int):
+        return launch
+    from importwatch import runner
+
+    runner.execute(launch)
+    return EXIT_OK
+
+
+def prepare(argv: list[str] | None = None) -> int | Launch:
+    """Everything before the program runs: an exit status when there is nothing to run, else what to run."""
     args = sys.argv[1:] if argv is None else argv
     if args and args[0] in SUBCOMMANDS:
         return _subcommand(args[0], args[1:])
@@ -62,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         return fail(str(error))
     if options is None:
         return EXIT_OK
-    return _run(options, target)
+    return _start(options, target)
 
 
 def parse(args: list[str]) -> tuple[dict | None, Target | None]:
@@ -78,10 +98,12 @@ def parse(args: list[str]) -> tuple[dict | None, Target | None]:
         if arg == "--version":
             sys.stdout.write(f"importwatch {__version__}\n")
             return None, None
-        if name in ("--timeout", "--log"):
+        if name in ("--timeout", "--log", "--stderr"):
             value, index = value_of(args, index)
             if name == "--timeout":
                 options["timeout"] = _checked(config.parse_timeout, value, "--timeout")
+            elif name == "--stderr":
+                options["stderr"] = _checked(config.parse_stderr, value, "--stderr")
             else:
                 if not value:
                     raise UsageError("--log needs a path")
@@ -93,9 +115,9 @@ def parse(args: list[str]) -> tuple[dict | None, Target | None]:
         elif arg == "--dump-on-sigusr1":
             options["dump_on_sigusr1"] = True
         else:
-            return options, target_at(args, index, "importwatch")
+            return options, target_at(args, index, "importwatch", stdin=True)
         index += 1
-    return options, target_at(args, index, "importwatch")
+    return options, target_at(args, index, "importwatch", stdin=True)
 
 
 def _checked(parser, value: str, source: str):
@@ -105,7 +127,7 @@ def _checked(parser, value: str, source: str):
         raise UsageError(str(error)) from None
 
 
-def _run(options: dict, target: Target) -> int:
+def _start(options: dict, target: Target) -> int | Launch:
     from importwatch import runner, startup
 
     try:
@@ -124,12 +146,12 @@ def _run(options: dict, target: Target) -> int:
         exit_on_stall=options.get("exit_on_stall", env_settings.exit_on_stall),
         watcher=options.get("watcher", env_settings.watcher is not False),
         dump_on_sigusr1=options.get("dump_on_sigusr1", env_settings.dump_on_sigusr1),
+        stderr=options.get("stderr", env_settings.stderr),
     )
     # The target's children (workers, torchrun's ranks) trace themselves through the .pth.
     os.environ.update(config.to_env(settings))
     startup.activate(settings, warnings, argv=target.describe())
-    runner.run(target, code, path)
-    return EXIT_OK
+    return runner.launch(target, code, path)
 
 
 def _subcommand(name: str, args: list[str]) -> int:

@@ -5,6 +5,11 @@ from __future__ import annotations
 import os
 
 DEFAULT_TIMEOUT = 30.0
+# The stall threshold's range (0 turns the watchdog off). Below the least, the heartbeat would wake
+# so often that it costs the program CPU; past a week, faulthandler's timer and lock waits
+# overflow long before (at about 9.2e9 s) after a few doublings of the report interval.
+MIN_TIMEOUT = 0.1
+MAX_TIMEOUT = 7 * 86400.0
 
 # Each option has an environment twin; the option wins.
 ENV_ON = "IMPORTWATCH"
@@ -13,6 +18,13 @@ ENV_LOG = "IMPORTWATCH_LOG"
 ENV_EXIT_ON_STALL = "IMPORTWATCH_EXIT_ON_STALL"
 ENV_WATCHER = "IMPORTWATCH_WATCHER"
 ENV_DUMP_ON_SIGUSR1 = "IMPORTWATCH_DUMP_ON_SIGUSR1"
+ENV_STDERR = "IMPORTWATCH_STDERR"
+
+# What goes to stderr: every line, only what says something is wrong, or nothing of ours.
+STDERR_ALL = "all"
+STDERR_STALLS = "stalls"
+STDERR_NONE = "none"
+STDERR_MODES = (STDERR_ALL, STDERR_STALLS, STDERR_NONE)
 
 _FALSE = ("", "0", "no", "false", "off")
 _TRUE = ("1", "yes", "true", "on")
@@ -25,7 +37,7 @@ class ConfigError(ValueError):
 class Settings:
     """What one traced process does; immutable once built."""
 
-    __slots__ = ("dump_on_sigusr1", "exit_on_stall", "log", "timeout", "watcher")
+    __slots__ = ("dump_on_sigusr1", "exit_on_stall", "log", "stderr", "timeout", "watcher")
 
     def __init__(
         self,
@@ -34,6 +46,7 @@ class Settings:
         exit_on_stall: bool = False,
         watcher: bool | None = None,
         dump_on_sigusr1: bool = False,
+        stderr: str = STDERR_ALL,
     ) -> None:
         object.__setattr__(self, "timeout", timeout)
         object.__setattr__(self, "log", log)
@@ -42,6 +55,7 @@ class Settings:
         object.__setattr__(self, "watcher", watcher)
         # SIGUSR1's default action ends a process, and batch schedulers rely on it: opt-in only.
         object.__setattr__(self, "dump_on_sigusr1", dump_on_sigusr1)
+        object.__setattr__(self, "stderr", stderr)
 
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError("Settings are immutable")
@@ -49,7 +63,7 @@ class Settings:
     def __repr__(self) -> str:
         return (
             f"Settings(timeout={self.timeout!r}, log={self.log!r}, exit_on_stall={self.exit_on_stall!r}, "
-            f"watcher={self.watcher!r}, dump_on_sigusr1={self.dump_on_sigusr1!r})"
+            f"watcher={self.watcher!r}, dump_on_sigusr1={self.dump_on_sigusr1!r}, stderr={self.stderr!r})"
         )
 
 
@@ -59,14 +73,24 @@ def is_on(environ: dict[str, str] | os._Environ[str] = os.environ) -> bool:
 
 
 def parse_timeout(text: str, source: str) -> float:
-    """Seconds as a float >= 0 (0 turns the watchdog off)."""
+    """Seconds as a float: 0 (the watchdog off), or from MIN_TIMEOUT to MAX_TIMEOUT."""
     try:
         value = float(text)
     except ValueError:
         raise ConfigError(f"{source}: expected a number of seconds, got {text!r}") from None
-    if not value >= 0 or value == float("inf"):
-        raise ConfigError(f"{source}: expected a finite number of seconds >= 0, got {text!r}")
+    if value != 0 and not MIN_TIMEOUT <= value <= MAX_TIMEOUT:
+        raise ConfigError(
+            f"{source}: expected 0 (off) or {MIN_TIMEOUT:g} to {MAX_TIMEOUT:.0f} seconds (7 days), got {text!r}"
+        )
     return value
+
+
+def parse_stderr(text: str, source: str) -> str:
+    """What goes to stderr: all, stalls or none."""
+    lowered = text.strip().lower()
+    if lowered not in STDERR_MODES:
+        raise ConfigError(f"{source}: expected one of {', '.join(STDERR_MODES)}, got {text!r}")
+    return lowered
 
 
 def parse_flag(text: str, source: str) -> bool:
@@ -102,9 +126,10 @@ def from_env(
     timeout = read(ENV_TIMEOUT, parse_timeout, DEFAULT_TIMEOUT, f"{DEFAULT_TIMEOUT:g}")
     exit_on_stall = read(ENV_EXIT_ON_STALL, parse_flag, False, "0")
     watcher = read(ENV_WATCHER, parse_flag, None, "the default")
+    stderr = read(ENV_STDERR, parse_stderr, STDERR_ALL, STDERR_ALL)
     log = environ.get(ENV_LOG) or None
     dump_on_sigusr1 = read(ENV_DUMP_ON_SIGUSR1, parse_flag, False, "0")
-    settings = Settings(timeout, log, exit_on_stall, watcher, dump_on_sigusr1)
+    settings = Settings(timeout, log, exit_on_stall, watcher, dump_on_sigusr1, stderr=stderr)
     return settings, warnings
 
 
@@ -118,6 +143,7 @@ def to_env(settings: Settings) -> dict[str, str]:
         ENV_LOG: log,
         ENV_EXIT_ON_STALL: "1" if settings.exit_on_stall else "0",
         ENV_DUMP_ON_SIGUSR1: "1" if settings.dump_on_sigusr1 else "0",
+        ENV_STDERR: settings.stderr,
     }
 
 

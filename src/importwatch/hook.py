@@ -196,6 +196,10 @@ class Tracer:
         def _find_and_load(name: str, import_: Callable) -> Any:
             if name in sys.modules:  # importlib.import_module of a loaded module, or a lock wait
                 return original(name, import_)
+            shown = name if name.isascii() and name.isprintable() else escape(name)  # once, for both lines
+            hook = on_start.get(name)
+            if hook is not None:  # before the stack is taken: a callback may import
+                tracer.safely(hook, name)
             ident = get_ident()
             stack = stacks.get(ident)
             if stack is None:
@@ -205,10 +209,6 @@ class Tracer:
                     tracer.on_deadline(None)
             parent = stack[-1].name if stack else None
             indent = "  " * len(stack)
-            shown = name if name.isascii() and name.isprintable() else escape(name)  # once, for both lines
-            hook = on_start.get(name)
-            if hook is not None:
-                tracer.safely(hook, name)
             frame = Frame(name, clock())
             stack.append(frame)
             # The fields are only made when a JSON log will write them.
@@ -222,11 +222,16 @@ class Tracer:
                 failure = f"{type(error).__name__}: {error}"
                 raise
             finally:  # the end line, whichever way the import ended
-                stack.pop()
+                # Our own frame, by identity, and the thread's entry only while it is still this
+                # list: whatever ran in between (a re-entrant import, a fork) may have changed both.
+                if stack and stack[-1] is frame:
+                    stack.pop()
+                elif frame in stack:
+                    stack.remove(frame)
                 now = clock()
                 if stack:
                     stack[-1].progress = now
-                else:
+                elif stacks.get(ident) is stack:
                     del stacks[ident]
                 ms = (now - frame.start) * 1000.0
                 if failure is None:

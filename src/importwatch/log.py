@@ -9,6 +9,10 @@ import stat
 import sys
 import time
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Callable
+
 # Bound once: event() runs twice per import.
 _write = os.write
 _time = time.time
@@ -16,6 +20,17 @@ _get_ident = _thread.get_ident
 
 PREFIX = "importwatch"
 _STDERR = 2
+# Our own descriptors are moved just below this number (or the process's limit, if lower): a
+# program that closes a range of descriptors and then opens files gets the lowest free numbers,
+# so it can come to reuse ours only by holding about a thousand at once (or by dup2 onto them).
+_HIGH_FD = 1024
+
+# The kinds of event that --stderr stalls still writes to stderr (besides stall* and outside*).
+_LOUD = frozenset(("start", "verdict", "warning", "resumed", "busy", "exit", "died"))
+
+
+# The escapes of escape() for what is not printable ASCII, as Python's unicode_escape codec writes them.
+_ESCAPES = {ord("\\"): "\\\\", ord("\t"): "\\t", ord("\n"): "\\n", ord("\r"): "\\r"}
 
 # Never follow a symlink, never wait on a FIFO's reader, never hand the descriptor to a child.
 _LOG_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
@@ -29,10 +44,79 @@ _KINDS = {
 
 
 def escape(text: str) -> str:
-    """ASCII-only and one line: anything else as a backslash escape (\\xe9, \\n, \\x1b)."""
+    """ASCII-only and one line: anything else as a backslash escape (\\xe9, \\n, \\x1b).
+
+    Written out rather than done with the unicode_escape codec: the codec is a
+    module that the first use would import, inside the import hook.
+    """
     if text.isascii() and text.isprintable():
         return text
-    return text.encode("unicode_escape").decode("ascii")
+    return "".join([_escape_char(char) for char in text])
+
+
+def _escape_char(char: str) -> str:
+    if " " <= char <= "~" and char != "\\":
+        return char
+    code = ord(char)
+    known = _ESCAPES.get(code)
+    if known is not None:
+        return known
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    if code < 0x10000:
+        return f"\\u{code:04x}"
+    return f"\\U{code:08x}"
+
+
+# JSON string escapes (RFC 8259), the rest of the control characters as \u00XX.
+_JSON_ESCAPES = {i: f"\\u{i:04x}" for i in range(0x20)}
+_JSON_ESCAPES.update(
+    {ord('"'): '\\"', ord("\\"): "\\\\", 8: "\\b", 9: "\\t", 10: "\\n", 12: "\\f", 13: "\\r"}
+)
+_JSON_ESCAPES[0x7F] = "\\u007f"
+
+
+def json_string(text: str) -> str:
+    """TEXT as a JSON string in ASCII: non-ASCII as \\uXXXX (a surrogate pair above the BMP)."""
+    if text.isascii():
+        if text.isprintable() and '"' not in text and "\\" not in text:
+            return '"' + text + '"'
+        return '"' + text.translate(_JSON_ESCAPES) + '"'
+    parts = []
+    for char in text.translate(_JSON_ESCAPES):
+        code = ord(char)
+        if code < 0x80:
+            parts.append(char)
+        elif code < 0x10000:
+            parts.append(f"\\u{code:04x}")
+        else:
+            code -= 0x10000
+            parts.append(f"\\u{0xD800 | code >> 10:04x}\\u{0xDC00 | code & 0x3FF:04x}")
+    return '"' + "".join(parts) + '"'
+
+
+def json_value(value: object) -> str:
+    """VALUE as JSON text in ASCII, for what events carry: str, int, float, bool, None, lists, dicts.
+
+    Written here rather than with the json module: a log must not import, before
+    tracing starts, a module that the program's own import should show as an event.
+    A float that is not finite becomes null (strict JSON has no NaN); anything
+    else becomes its str().
+    """
+    if isinstance(value, str):
+        return json_string(value)
+    if value is None or value is True or value is False:
+        return "null" if value is None else "true" if value else "false"
+    if isinstance(value, int):
+        return int.__repr__(value)
+    if isinstance(value, float):
+        return float.__repr__(value) if value - value == 0 else "null"
+    if isinstance(value, dict):
+        items = [json_string(str(key)) + ": " + json_value(item) for key, item in value.items()]
+        return "{" + ", ".join(items) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join([json_value(item) for item in value]) + "]"
+    return json_string(str(value))
 
 
 def _unsafe_log(fd: int) -> str | None:
@@ -93,15 +177,79 @@ def rank_from_env(environ: dict[str, str] | os._Environ[str] = os.environ) -> in
     return None
 
 
+def high_descriptor(fd: int) -> int:
+    """FD moved to a free number just below _HIGH_FD, close-on-exec; FD itself when none is free.
+
+    os.dup2 onto a number found free, not fcntl's F_DUPFD: importing fcntl here would
+    hide the program's own `import fcntl` from the log.
+    """
+    try:
+        top = min(os.sysconf("SC_OPEN_MAX"), _HIGH_FD) - 1
+    except (OSError, ValueError):
+        return fd
+    for number in range(top, max(fd, top - 64), -1):
+        try:
+            os.fstat(number)
+            continue  # in use
+        except OSError as error:
+            if error.errno != errno.EBADF:
+                continue
+        try:
+            os.dup2(fd, number, inheritable=False)
+        except OSError:
+            return fd
+        os.close(fd)
+        return number
+    return fd
+
+
+def identity(fd: int) -> tuple[int, int] | None:
+    """What descriptor FD refers to (device and inode), or None when it is closed."""
+    try:
+        stat = os.fstat(fd)
+    except OSError:
+        return None
+    return stat.st_dev, stat.st_ino
+
+
+def close_if_ours(fd: int, ident: tuple[int, int] | None) -> None:
+    """Close FD unless the program has put something else at its number (then it is the program's)."""
+    if ident is not None and identity(fd) == ident:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+class _LoudKinds(dict):
+    """Per kind of event, whether --stderr stalls writes it to stderr: decided once per kind."""
+
+    def __missing__(self, kind: str) -> bool:
+        loud = kind in _LOUD or kind.startswith(("stall", "outside"))
+        self[kind] = loud
+        return loud
+
+
+class _NoKinds(dict):
+    """--stderr none: no kind of event goes to stderr."""
+
+    def __missing__(self, kind: str) -> bool:
+        return False
+
+
 class Channel:
-    """One file descriptor that lines go to; on the first failed write it says so once and stops."""
+    """One file descriptor that lines go to; on the first failed write it says so once and stops.
 
-    __slots__ = ("broken", "fd", "json", "name")
+    IDENT is what the descriptor refers to, for one of our own (None for stderr, the program's).
+    """
 
-    def __init__(self, fd: int, name: str, json: bool = False) -> None:
+    __slots__ = ("broken", "fd", "ident", "json", "name")
+
+    def __init__(self, fd: int, name: str, json: bool = False, ident: tuple[int, int] | None = None) -> None:
         self.fd = fd
         self.name = name
         self.json = json
+        self.ident = ident
         self.broken = False
 
     def write(self, data: bytes) -> OSError | None:
@@ -125,15 +273,19 @@ class Feed:
     for the watcher only: `#thread NAME TID`, `#lost N`, `#exit`.
     """
 
-    __slots__ = ("fd", "keep", "lost", "threads")
+    __slots__ = ("closed", "fd", "ident", "keep", "lost", "threads")
 
     def __init__(self, fd: int, keep: int) -> None:
-        self.fd = fd
-        self.keep = keep  # the read end, held so that a dead watcher never means EPIPE or SIGPIPE
+        self.fd = high_descriptor(fd)
+        self.keep = high_descriptor(keep)  # the read end, so that a dead watcher never means EPIPE or SIGPIPE
+        self.ident = identity(self.fd)  # both ends of the pipe are one inode
         self.lost = 0
+        self.closed = False  # closed under us: the program closed it, and may reuse its number
         self.threads: set[int] = set()
 
     def send(self, data: bytes) -> None:
+        if self.closed:
+            return
         if self.lost and not self._put(b"#lost %d\n" % self.lost):
             self.lost += 1
             return
@@ -154,15 +306,17 @@ class Feed:
         except BlockingIOError:
             return False
         except OSError:
-            return True  # closed under us (the program closed a range of fds): nothing to do
+            self.closed = True  # the program closed it (a range of fds): never write to that number again
+            return True
         return True
+
+    def mine(self) -> bool:
+        """Whether both ends are still the pipe we made (the heartbeat asks now and then)."""
+        return not self.closed and identity(self.fd) == self.ident and identity(self.keep) == self.ident
 
     def close(self) -> None:
         for fd in (self.fd, self.keep):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+            close_if_ours(fd, self.ident)
 
 
 class Sink:
@@ -189,7 +343,12 @@ class Sink:
         self._stamp = ""
         self._head = ""
         self._prefix = ""  # head and stamp of a main-thread line, made once per millisecond
-        self._json = None
+        self._loud: dict[str, bool] | None = None  # None: every kind to stderr (--stderr all)
+        self.stderr_mode = "all"
+        # The program's last write to sys.stderr did not end its line: ours starts a new one.
+        self.partial = False
+        self._stderr_write: tuple[object, object] | None = None  # (stream, our write) while installed
+        self.on_log_lost: Callable[[], None] | None = None
         self.after_fork_in_child()
 
     # -- set-up ------------------------------------------------------------
@@ -224,21 +383,85 @@ class Sink:
     def adopt_log(self, fd: int, path: str) -> None:
         """Append to FD, opened (by open_log, maybe in another process) from PATH, from now on."""
         self.close_log()
-        self.log = Channel(fd, path, json=path.endswith(".jsonl"))
+        fd = high_descriptor(fd)
+        self.log = Channel(fd, path, json=path.endswith(".jsonl"), ident=identity(fd))
         self.structured = self.log.json
-        if self.log.json:
-            import json
-
-            self._json = json
 
     def close_log(self) -> None:
         if self.log is not None:
-            try:
-                os.close(self.log.fd)
-            except OSError:
-                pass
+            close_if_ours(self.log.fd, self.log.ident)
             self.log = None
             self.structured = False
+
+    def set_stderr(self, mode: str) -> None:
+        """What goes to stderr: every line ("all"), what says something is wrong ("stalls"), or none."""
+        self.stderr_mode = mode
+        self._loud = None if mode == "all" else _LoudKinds() if mode == "stalls" else _NoKinds()
+
+    def loud(self, kind: str) -> bool:
+        """Whether a line of KIND goes to stderr."""
+        return self._loud is None or self._loud[kind]
+
+    def follow_partial_lines(self) -> None:
+        """Note whether each of the program's writes to sys.stderr ends its line.
+
+        When one did not (`Loading model... `), our next line on stderr starts with
+        a newline, rather than being glued to the program's. The cost is the
+        program's: one call and one comparison more per write to sys.stderr.
+        """
+        stream = sys.stderr
+        if self._stderr_write is not None or self.stderr.fd != _STDERR or stream is None:
+            return
+        try:
+            if stream.fileno() != _STDERR or "write" in vars(stream):
+                return
+        except (AttributeError, OSError, ValueError, TypeError):
+            return  # not a file on fd 2, or no instance dict to hold our write
+        original = stream.write
+        sink = self
+
+        def write(text: str) -> int:
+            written = original(text)
+            if text:
+                sink.partial = text[-1] != "\n"
+            return written
+
+        try:
+            stream.write = write
+        except (AttributeError, TypeError):
+            return
+        self._stderr_write = (stream, write)
+
+    def unfollow_partial_lines(self) -> None:
+        if self._stderr_write is not None:
+            stream, write = self._stderr_write
+            self._stderr_write = None
+            if vars(stream).get("write") is write:
+                del stream.write
+
+    def check_descriptors(self) -> None:
+        """Stop writing to a descriptor of ours that the program closed or put something else at.
+
+        A write to a closed one fails and is caught there; one reused by the
+        program's dup2 or its thousandth open file is found here, off the hot
+        path (the watchdog's heartbeat asks at each look).
+        """
+        log = self.log
+        if log is not None and not log.broken and identity(log.fd) != log.ident:
+            self._log_lost(log)
+        feed = self.feed
+        if feed is not None and not feed.mine():
+            feed.closed = True
+
+    def _log_lost(self, log: Channel) -> None:
+        log.broken = True
+        log.ident = None  # never closed by us: the number may be the program's now
+        self.warn(
+            f"the program closed or replaced the log file's descriptor ({log.fd}, {log.name}); "
+            "logging to stderr only"
+        )
+        if self.on_log_lost is not None:
+            self.on_log_lost()
 
     def attach_feed(self, fd: int, keep: int) -> None:
         """From now on every text line also goes to the watcher's pipe FD (see Feed)."""
@@ -264,6 +487,12 @@ class Sink:
         if self.log is not None and not self.log.broken and not self.log.json:
             return self.log.fd
         return self.stderr.fd
+
+    def dump_fds(self) -> list[int]:
+        """Where a stall report's dump goes: stderr (unless --stderr none), and the text log."""
+        fds = [self.stderr.fd] if self.loud("stall") else []
+        fd = self.dump_fd()
+        return fds if fd in fds else [*fds, fd]
 
     def after_fork_in_child(self) -> None:
         self.pid = os.getpid()
@@ -302,11 +531,15 @@ class Sink:
             text = f"{self._head}{self._stamp} {thread}] {body}\n".encode("ascii")
         size = len(text)
         stderr = self.stderr
-        if not stderr.broken:
+        if not stderr.broken and (self._loud is None or self._loud[kind]):
+            line = text
+            if self.partial:  # the program's own line is not ended: ours starts on a new one
+                self.partial = False
+                line = b"\n" + text
             try:
-                written = _write(stderr.fd, text)
-                if written != size:  # rare: a non-blocking stderr took part of it
-                    stderr.write(text[written:])
+                written = _write(stderr.fd, line)
+                if written != len(line):  # rare: a non-blocking stderr took part of it
+                    stderr.write(line[written:])
             except OSError:
                 stderr.broken = True  # nowhere left to say it
         feed = self.feed
@@ -323,6 +556,9 @@ class Sink:
                 if _write(log.fd, text) != size:
                     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # a full disk writes short
             except OSError as error:
+                if error.errno == errno.EBADF:
+                    self._log_lost(log)
+                    return
                 log.broken = True
                 self.warn(f"cannot write log file {log.name}: {error.strerror}; logging to stderr only")
 
@@ -348,11 +584,15 @@ class Sink:
         if fields:
             record.update(fields)
         record["text"] = body
-        return (self._json.dumps(record) + "\n").encode("ascii")
+        return (json_value(record) + "\n").encode("ascii")
 
     def raw(self, data: bytes) -> None:
         """Bytes as they are, to stderr and a text log (faulthandler's dumps go through here)."""
-        self._write(self.stderr, data)
+        if self.loud("stall") or self.dump_fd() == self.stderr.fd:
+            if self.partial:
+                self.partial = False
+                data = b"\n" + data
+            self._write(self.stderr, data)
         if self.log is not None and not self.log.json:
             self._write(self.log, data)
 
@@ -386,4 +626,7 @@ class Sink:
     def _write(self, channel: Channel, data: bytes) -> None:
         error = channel.write(data)
         if error is not None and channel is not self.stderr:
+            if error.errno == errno.EBADF:
+                self._log_lost(channel)
+                return
             self.warn(f"cannot write log file {channel.name}: {error.strerror}; logging to stderr only")

@@ -1,4 +1,10 @@
-"""Runs SCRIPT, -m MODULE or -c CODE exactly as python would: argv, sys.path[0], __main__, exit status."""
+"""Runs SCRIPT, -m MODULE, -c CODE or - (stdin) exactly as python would: argv, sys.path[0], __main__, exit status.
+
+The program's own code runs from the caller's frame (``python -m importwatch``
+runs it from importwatch/__main__.py's module level), so that below its first
+frame there are no more frames of ours than ``python -m runpy`` puts there:
+``inspect.stack()`` and the recursion depth left to the program stay as python's.
+"""
 
 from __future__ import annotations
 
@@ -17,7 +23,7 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 class Target:
-    """What to run: kind is "script", "module" or "code"; value the path, name or source."""
+    """What to run: kind is "script", "module", "code" or "stdin"; value the path, name, source or "-"."""
 
     __slots__ = ("args", "kind", "value")
 
@@ -28,8 +34,26 @@ class Target:
 
     def describe(self) -> list[str]:
         """The command line python would have been given."""
+        if self.kind == "stdin":
+            return ["-", *self.args]
         flag = {"module": ["-m"], "code": ["-c"]}.get(self.kind, [])
         return [*flag, self.value, *self.args]
+
+
+class Launch:
+    """What the caller runs, once __main__, sys.argv and sys.path are set: CODE in NAMESPACE, or,
+    when CODE is None, RUN_MODULE(MODULE, ALTER_ARGV) (runpy's own, for -m, directories and zips)."""
+
+    __slots__ = ("alter_argv", "code", "module", "namespace", "run_module")
+
+    def __init__(
+        self, code: types.CodeType | None, namespace: dict, module: str = "", alter_argv: bool = False
+    ):
+        self.code = code
+        self.namespace = namespace
+        self.module = module
+        self.alter_argv = alter_argv
+        self.run_module: Any = sys.modules["runpy"]._run_module_as_main if code is None else None
 
 
 class CannotRun(Exception):
@@ -44,6 +68,14 @@ def prepare(target: Target) -> tuple[types.CodeType | None, str | None]:
     """
     if target.kind == "module":
         import runpy
+    if target.kind == "stdin":
+        # python - parses the whole of stdin before it runs any of it: so does this.
+        stdin = sys.stdin
+        if stdin is None or stdin.isatty():
+            raise CannotRun(
+                "an interactive session from a terminal (-) is not supported; pipe the program in"
+            )
+        return compile(stdin.buffer.read(), "<stdin>", "exec", dont_inherit=True), None
     if target.kind == "code":
         if sys.version_info >= (3, 13):  # python -c keeps its source for tracebacks from 3.13 on
             import linecache
@@ -86,7 +118,7 @@ def _path0(target: Target, path: str | None) -> str | None:
         return None
     if target.kind == "module":
         return os.getcwd()
-    if target.kind == "code":
+    if target.kind in ("code", "stdin"):
         return ""
     assert path is not None
     if os.path.isdir(path) or is_zip(path):
@@ -94,8 +126,8 @@ def _path0(target: Target, path: str | None) -> str | None:
     return os.path.dirname(os.path.realpath(path))
 
 
-def run(target: Target, code: types.CodeType | None, path: str | None) -> None:
-    """Run the target in a fresh __main__; exceptions leave with our frames trimmed."""
+def launch(target: Target, code: types.CodeType | None, path: str | None) -> Launch:
+    """Make sys.argv, sys.path[0] and a fresh __main__ what python makes them; what to run then."""
     sys.argv[:] = [target.value if target.kind == "script" else _FLAG[target.kind], *target.args]
     path0 = _path0(target, path)
     if path0 is not None:
@@ -104,38 +136,49 @@ def run(target: Target, code: types.CodeType | None, path: str | None) -> None:
         else:
             sys.path.append(path0)
     main = types.ModuleType("__main__")
-    sys.modules["__main__"] = main
-    try:
-        if target.kind == "module":
-            sys.modules["runpy"]._run_module_as_main(target.value, alter_argv=True)
-        elif code is None and path is not None:  # a directory or zip with __main__.py
-            sys.modules["runpy"]._run_module_as_main("__main__", alter_argv=False)
-        else:
-            _exec_main(main, target, code, path)
-    except SystemExit:
-        raise
-    except BaseException as error:
-        _report_uncaught(error)
-
-
-_FLAG = {"module": "-m", "code": "-c"}
-
-
-def _exec_main(main: types.ModuleType, target: Target, code: Any, path: str | None) -> None:
     namespace = main.__dict__
+    # What the interpreter puts in its own __main__ (runpy keeps it for -m): the builtins module,
+    # not the dict exec() would add, and an empty __annotations__ (up to 3.13).
     namespace["__builtins__"] = builtins
+    if sys.version_info < (3, 14):
+        namespace["__annotations__"] = {}
+    sys.modules["__main__"] = main
+    if target.kind == "module":
+        return Launch(None, namespace, target.value, alter_argv=True)
+    if code is None:  # a directory or zip with __main__.py
+        return Launch(None, namespace, "__main__")
     namespace["__spec__"] = None
     namespace["__package__"] = None
     if target.kind == "code":
+        namespace["__loader__"] = _bootstrap.BuiltinImporter
+    elif target.kind == "stdin":
+        namespace["__file__"] = "<stdin>"
+        namespace["__cached__"] = None
         namespace["__loader__"] = _bootstrap.BuiltinImporter
     else:
         namespace["__file__"] = path
         namespace["__cached__"] = None
         namespace["__loader__"] = _external.SourceFileLoader("__main__", path)
-    exec(code, namespace)
+    return Launch(code, namespace)
 
 
-def _report_uncaught(error: BaseException) -> None:
+_FLAG = {"module": "-m", "code": "-c", "stdin": "-"}
+
+
+def execute(launch: Launch) -> None:
+    """Run what launch() prepared, from here (the console script's way; __main__.py runs it inline)."""
+    try:
+        if launch.code is None:
+            launch.run_module(launch.module, launch.alter_argv)
+        else:
+            exec(launch.code, launch.namespace)
+    except SystemExit:
+        raise
+    except BaseException as error:
+        report_uncaught(error)
+
+
+def report_uncaught(error: BaseException) -> None:
     """Print the traceback as python would, without our frames, and exit as python would.
 
     The traceback goes through sys.excepthook (the program may have set its own).

@@ -67,6 +67,8 @@ def launch(sink: Sink, timeout: float, log: str | None, exit_on_stall: bool = Fa
         argv += ["--log", log, "--log-fd", str(log_fd)]
     if exit_on_stall:
         argv.append("--exit-on-stall")
+    if sink.stderr_mode != "all":
+        argv += ["--stderr", sink.stderr_mode]
     # Without IMPORTWATCH* the watcher never traces itself; -I drops the other PYTHON* variables.
     env = {key: value for key, value in os.environ.items() if not key.startswith("IMPORTWATCH")}
     stderr = sink.stderr.fd  # the pytest plugin writes to a copy of stderr taken before capture
@@ -624,6 +626,7 @@ def main(args: list[str] | None = None) -> int:
     parser.add_argument("--log")  # the name of the log on --log-fd, for messages and its format
     parser.add_argument("--log-fd", type=int, default=None)  # the program's open log: never re-opened
     parser.add_argument("--exit-on-stall", action="store_true")
+    parser.add_argument("--stderr", default="all")  # the program's --stderr
     options = parser.parse_args(sys.argv[1:] if args is None else args)
     _close_inherited(keep={0, 1, 2, options.feed, options.log_fd})
     # The terminal's signals are the program's business; the watcher leaves when the program does.
@@ -632,6 +635,7 @@ def main(args: list[str] | None = None) -> int:
     from importwatch.log import Sink
 
     sink = Sink()
+    sink.set_stderr(options.stderr)
     sink.pid = options.pid  # every line is about the traced process
     sink.set_rank(sink.rank)
     if options.log_fd is not None:

@@ -37,6 +37,8 @@ class Tracing:
     def __init__(self, settings: Settings, stderr_fd: int = 2) -> None:
         self.settings = settings
         self.sink = Sink(stderr_fd)
+        self.sink.set_stderr(settings.stderr)
+        self.sink.on_log_lost = self._log_lost
         self.tracer = Tracer(self.sink)
         self.native = NativeLoads(self.tracer)
         self.blocking = BlockingSteps(self.tracer)
@@ -56,6 +58,7 @@ class Tracing:
         self._first_hooks: tuple | None = None  # see _await_first_event
 
     def start(self, argv: list[str], warnings: list[str]) -> None:
+        self.sink.follow_partial_lines()
         self._open_log()
         for warning in warnings:
             self.sink.warn(warning)
@@ -74,6 +77,7 @@ class Tracing:
     def reconfigure(self, settings: Settings) -> None:
         """The runner under IMPORTWATCH=1: its options win over what the .pth read."""
         old, self.settings = self.settings, settings
+        self.sink.set_stderr(settings.stderr)
         if settings.log != old.log:
             self.sink.close_log()
             self._open_log()
@@ -102,6 +106,14 @@ class Tracing:
         self.faults.uninstall()
         self.sink.close_feed()
         self.sink.close_log()
+        self.sink.unfollow_partial_lines()
+
+    def _log_lost(self) -> None:
+        """The program closed our log's descriptor: faulthandler must not write to that number either."""
+        try:
+            faulthandler.enable(self.sink.stderr.fd, all_threads=True)
+        except (OSError, ValueError, RuntimeError):
+            pass
 
     def _open_log(self) -> None:
         if self.settings.log:

@@ -34,11 +34,12 @@ def value_of(args: list[str], index: int) -> tuple[str, int]:
     return args[index + 1], index + 1
 
 
-def target_at(args: list[str], index: int, command: str) -> Target:
+def target_at(args: list[str], index: int, command: str, stdin: bool = False) -> Target:
     """The program to run, from ARGS[INDEX] on, once the caller has taken its own options.
 
     `-m MODULE` and `-c CODE` start it, `--` ends the options, and the first word
     that is not an option is a script; everything after belongs to the program.
+    `-` reads the program from stdin, as python does, where STDIN allows it.
     """
     if index < len(args):
         arg = args[index]
@@ -54,7 +55,9 @@ def target_at(args: list[str], index: int, command: str) -> Target:
     if index >= len(args):
         raise UsageError(f"no program given: {command} [OPTIONS] SCRIPT|-m MODULE|-c CODE")
     if args[index] == "-":
-        raise UsageError("reading the program from stdin is not supported; give a file")
+        if not stdin:
+            raise UsageError("reading the program from stdin is not supported here; give a file")
+        return Target("stdin", "-", args[index + 1 :])
     return Target("script", args[index], args[index + 1 :])
 
 

@@ -254,6 +254,7 @@ class Watchdog:
                 self._leave()
                 break
             try:
+                self.sink.check_descriptors()
                 pause = self.check(time.monotonic())
             except Exception as error:  # never let the watchdog die silently
                 self.sink.warn(f"watchdog error: {type(error).__name__}: {error}")
@@ -393,8 +394,7 @@ class Watchdog:
     def _dump(self, header: bytes) -> None:
         """faulthandler's dump of all threads to stderr, then to the text log."""
         self.sink.raw(header)
-        stderr = self.sink.stderr.fd
-        for fd in dict.fromkeys((stderr, self.sink.dump_fd())):
+        for fd in self.sink.dump_fds():
             try:
                 faulthandler.dump_traceback(fd, all_threads=True)
             except (OSError, ValueError, RuntimeError):
