@@ -304,23 +304,21 @@ print("child status", child.wait(timeout=float(sys.argv[1])))
 
 def test_stderr_stalls_lets_a_parent_that_never_reads_the_pipe_wait_for_its_child(tmp_path: Path) -> None:
     lines = []
-    for index in range(400):
+    for index in range(800):
         (tmp_path / f"mod_with_a_longish_name_{index:04d}.py").write_text("X = 1\n")
         lines.append(f"import mod_with_a_longish_name_{index:04d}")
     (tmp_path / "bigtree.py").write_text("\n".join(lines) + "\n")
     (tmp_path / "parent.py").write_text(PARENT)
-    env = {
-        "PYTHONPATH": str(tmp_path),
-        "IMPORTWATCH_STDERR": "stalls",
-        "IMPORTWATCH_LOG": str(tmp_path / "t.log"),
-    }
+    log = tmp_path / "t.log"
+    env = {"PYTHONPATH": str(tmp_path), "IMPORTWATCH_STDERR": "stalls", "IMPORTWATCH_LOG": str(log)}
     runs = three_ways(["parent.py", "60"], tmp_path, **env)
     for name, run in runs.items():
         assert (run.returncode, run.stdout) == (0, "child status 0\n"), (name, run.stderr)
-    # What the child would have written to the pipe with every line: far more than a pipe holds.
-    child_lines = [line for line in (tmp_path / "t.log").read_text().splitlines() if "bigtree" in line]
+    # What one child would have written to the pipe with every line: more than a pipe holds.
+    text = log.read_text()
+    child = next(line.split()[1] for line in text.splitlines() if "] > bigtree" in line)
     assert (
-        child_lines and sum(len(line) + 1 for line in (tmp_path / "t.log").read_text().splitlines()) > 65536
+        sum(len(line) for line in text.splitlines(True) if line.startswith(f"[importwatch {child} ")) > 65536
     )
 
 
@@ -396,5 +394,7 @@ def test_a_log_descriptor_the_program_takes_over_stops_getting_our_lines(tmp_pat
         assert (run.returncode, run.stdout) == (0, "done\n"), (name, run.stderr)
         assert (tmp_path / "out0.txt").read_text() == "mine\n", name
     for name in ("runner", "IMPORTWATCH=1"):
-        assert runs[name].stderr.count("the program closed or replaced the log file's descriptor") == 1, runs[name].stderr
+        assert runs[name].stderr.count("the program closed or replaced the log file's descriptor") == 1, runs[
+            name
+        ].stderr
         assert "] > quick2\n" in runs[name].stderr
