@@ -1,6 +1,6 @@
 """Tracing overhead: plain versus traced runs, alternating, medians and ratios.
 
-    python benchmarks/bench_overhead.py [--modules 4000] [--pairs 15] [--torch-pairs 15] [--timeout-off]
+    python benchmarks/bench_overhead.py [--modules 4000] [--pairs 15] [--torch-pairs 15] [--timeout-off] [--stalls]
 
 Three figures, as the README reports them:
 - a generated tree of small modules: microseconds per import added by tracing
@@ -12,6 +12,8 @@ Each comparison also splits the added time into user and system CPU (the
 children's rusage), which tells the kernel's side of the writes from the rest.
 With --timeout-off a third run joins each round, traced with IMPORTWATCH_TIMEOUT=0:
 no watchdog, so no second thread, whose cost to the program is then its own figure.
+With --stalls another run joins each round, traced with IMPORTWATCH_STDERR=stalls:
+every line still goes to the log, but only stall reports and warnings to stderr.
 Uses the standard library only; each figure is a median over alternating rounds.
 """
 
@@ -78,14 +80,21 @@ def median_interval(values: list[float]) -> tuple[float, float]:
 
 
 def compare(
-    code: str, rounds: int, env: dict[str, str], workdir: Path, timeout_off: bool = False
-) -> tuple[float, float, float]:
-    """Median plain and traced seconds, and the median of the per-round ratios traced/plain."""
+    code: str,
+    rounds: int,
+    env: dict[str, str],
+    workdir: Path,
+    timeout_off: bool = False,
+    stalls: bool = False,
+) -> dict[str, tuple[float, float]]:
+    """Per arm: the median seconds, and the median of the per-round ratios arm/plain."""
     plain_env = {k: v for k, v in env.items() if not k.startswith("IMPORTWATCH")}
     traced_env = dict(plain_env, IMPORTWATCH="1", IMPORTWATCH_LOG=str(workdir / "trace.log"))
     arms = {"plain": plain_env, "traced": traced_env}
     if timeout_off:
         arms["traced, no watchdog"] = dict(traced_env, IMPORTWATCH_TIMEOUT="0")
+    if stalls:
+        arms["traced, --stderr stalls"] = dict(traced_env, IMPORTWATCH_STDERR="stalls")
     for name, arm_env in arms.items():  # warm the page cache and bytecode caches
         run_once(code, arm_env, workdir / f"{name}.err")
     runs: dict[str, list[Run]] = {name: [] for name in arms}
@@ -111,11 +120,10 @@ def compare(
         print(
             f"   CPU added per run, medians of the differences: user {user:+.1f} ms, system {system:+.1f} ms)"
         )
-    return (
-        statistics.median(r.wall for r in plain),
-        statistics.median(r.wall for r in runs["traced"]),
-        statistics.median(ratios["traced"]),
-    )
+    return {
+        name: (statistics.median(r.wall for r in arm), statistics.median(ratios[name]))
+        for name, arm in runs.items()
+    }
 
 
 def pth_cost() -> float:
@@ -137,7 +145,10 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=15)
     parser.add_argument("--torch-pairs", type=int, default=15)
     parser.add_argument(
-        "--timeout-off", action="store_true", help="add a third run per round: traced, IMPORTWATCH_TIMEOUT=0"
+        "--timeout-off", action="store_true", help="add a run per round: traced, IMPORTWATCH_TIMEOUT=0"
+    )
+    parser.add_argument(
+        "--stalls", action="store_true", help="add a run per round: traced, IMPORTWATCH_STDERR=stalls"
     )
     args = parser.parse_args()
     print(f"python {sys.version.split()[0]} at {sys.executable}")
@@ -148,26 +159,31 @@ def main() -> None:
         code = make_tree(tree, args.modules)
         # Bytecode caches written as in a normal installation, for the program and for importwatch.
         env = dict(os.environ, PYTHONPATH=str(tree), PYTHONDONTWRITEBYTECODE="")
-        plain, traced, ratio = compare(code, args.pairs, env, workdir, args.timeout_off)
+        arms = compare(code, args.pairs, env, workdir, args.timeout_off, args.stalls)
         imports = args.modules + (args.modules + 49) // 50 + 1
-        per_import = (traced - plain) / imports * 1e6
-        print(f"module tree: {imports} imports, plain {plain * 1000:.1f} ms, traced {traced * 1000:.1f} ms")
-        print(
-            f"  overhead {per_import:.1f} us per import, traced/plain {ratio:.3f} (median of {args.pairs} pairs)"
-        )
+        plain = arms.pop("plain")[0]
+        print(f"module tree: {imports} imports, plain {plain * 1000:.1f} ms (median of {args.pairs} rounds)")
+        for name, (median, ratio) in arms.items():
+            per_import = (median - plain) / imports * 1e6
+            print(
+                f"  {name}: {median * 1000:.1f} ms, overhead {per_import:.1f} us per import, {name}/plain {ratio:.3f}"
+            )
         has_torch = (
             subprocess.run([sys.executable, "-c", "import torch"], capture_output=True).returncode == 0
         )
         if has_torch and args.torch_pairs:
-            plain, traced, ratio = compare(
+            arms = compare(
                 "import torch",
                 args.torch_pairs,
                 dict(os.environ, PYTHONDONTWRITEBYTECODE=""),
                 workdir,
                 args.timeout_off,
+                args.stalls,
             )
-            print(f"import torch: plain {plain * 1000:.0f} ms, traced {traced * 1000:.0f} ms")
-            print(f"  traced/plain {ratio:.3f} (median of {args.torch_pairs} pairs)")
+            plain = arms.pop("plain")[0]
+            print(f"import torch: plain {plain * 1000:.0f} ms (median of {args.torch_pairs} rounds)")
+            for name, (median, ratio) in arms.items():
+                print(f"  {name}: {median * 1000:.0f} ms, {name}/plain {ratio:.3f}")
         else:
             print("import torch: skipped (torch is not installed in this interpreter)")
     print(f"installed but off: the .pth line costs {pth_cost():.2f} us per interpreter start")

@@ -518,6 +518,9 @@ class Sink:
         This runs twice per import: it formats with one concatenation and writes
         with one os.write per channel, and does nothing else when nothing goes wrong.
         """
+        loud = self._loud
+        if loud is not None and self.log is None and self.feed is None and not loud[kind]:
+            return  # --stderr stalls or none, and no log or watcher: this line goes nowhere
         now = _time()
         msec = int(now * 1000)
         if msec != self._msec:
@@ -531,7 +534,7 @@ class Sink:
             text = f"{self._head}{self._stamp} {thread}] {body}\n".encode("ascii")
         size = len(text)
         stderr = self.stderr
-        if not stderr.broken and (self._loud is None or self._loud[kind]):
+        if not stderr.broken and (loud is None or loud[kind]):
             line = text
             if self.partial:  # the program's own line is not ended: ours starts on a new one
                 self.partial = False
