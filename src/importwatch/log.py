@@ -454,6 +454,8 @@ class Sink:
             feed.closed = True
 
     def _log_lost(self, log: Channel) -> None:
+        if log.broken and log.ident is None:
+            return  # said already (the heartbeat and a write may both find it)
         log.broken = True
         log.ident = None  # never closed by us: the number may be the program's now
         self.warn(

@@ -71,7 +71,9 @@ def prepare(target: Target) -> tuple[types.CodeType | None, str | None]:
     if target.kind == "stdin":
         # python - parses the whole of stdin before it runs any of it: so does this.
         stdin = sys.stdin
-        if stdin is None or stdin.isatty():
+        if stdin is None:  # fd 0 closed: python runs an empty program
+            return compile(b"", "<stdin>", "exec", dont_inherit=True), None
+        if stdin.isatty():
             raise CannotRun(
                 "an interactive session from a terminal (-) is not supported; pipe the program in"
             )

@@ -86,7 +86,8 @@ class Tracing:
             self.watchdog.stop()
             self.watchdog = None
         self._start_watchdog()
-        if self.sink.feed is not None and (settings.log, settings.timeout) != (old.log, old.timeout):
+        watched = (settings.log, settings.timeout, settings.stderr)
+        if self.sink.feed is not None and watched != (old.log, old.timeout, old.stderr):
             self.sink.close_feed()  # the old watcher sees the end of its feed and leaves
         if self.sink.feed is None:
             self._start_watcher()
