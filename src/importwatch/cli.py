@@ -55,8 +55,8 @@ options (each has an environment twin, used with IMPORTWATCH=1):
   --version         show the version and exit
 
 IMPORTWATCH=1 traces every Python process that has it in its environment
-(unset, empty or 0: off). Everything after SCRIPT, -m MODULE, -c CODE or -
-belongs to the program.
+(off: unset, empty, 0, false, no, off, any case). Everything after SCRIPT,
+-m MODULE, -c CODE or - belongs to the program.
 """
 
 

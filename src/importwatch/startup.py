@@ -110,11 +110,8 @@ class Tracing:
         self.sink.unfollow_partial_lines()
 
     def _log_lost(self) -> None:
-        """The program closed our log's descriptor: faulthandler must not write to that number either."""
-        try:
-            faulthandler.enable(self.sink.stderr.fd, all_threads=True)
-        except (OSError, ValueError, RuntimeError):
-            pass
+        """The program closed our log's descriptor: faulthandler writes to stderr from now on, not to that number."""
+        self._start_faulthandler()
 
     def _open_log(self) -> None:
         if self.settings.log:
