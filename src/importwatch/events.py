@@ -36,8 +36,8 @@ MAX_LINE = 1 << 20
 # Bounds on what a line of ours can say: pids and ranks, durations (a year), clock times
 # (the epoch to the year 9999, which time.localtime can still render).
 _MAX_ID = 1 << 31
-_MAX_MS = 366 * 86400 * 1000.0
-_MAX_TIME = 253402300799.0
+MAX_MS = 366 * 86400 * 1000.0
+MAX_TIME = 253402300799.0
 
 # Kinds of events, as the "kind" field of a JSON line names them.
 IMPORT = "import"
@@ -175,7 +175,7 @@ def _bounded(number: int) -> int:
 
 def _ms(text: str) -> float:
     value = float(text)
-    if value > _MAX_MS:
+    if value > MAX_MS:
         raise BadLine("a duration out of range")
     return value
 
@@ -259,7 +259,7 @@ def _parse_json(line: str) -> Event | None:
     if not isinstance(kind, str) or type(pid) is not int or not 0 <= pid < _MAX_ID:
         raise BadLine("a JSON line without a kind and a pid")
     when = record.get("time")
-    if type(when) not in (int, float) or not 0 <= when <= _MAX_TIME:  # NaN fails this too
+    if type(when) not in (int, float) or not 0 <= when <= MAX_TIME:  # NaN fails this too
         raise BadLine("a JSON line without a valid time")
     text = _string(record, "text") or ""
     thread = _string(record, "thread") or "MainThread"
@@ -268,7 +268,7 @@ def _parse_json(line: str) -> Event | None:
     event.name = _string(record, "name") or _string(record, "path") or ""
     ms = record.get("ms")
     if ms is not None:
-        if type(ms) not in (int, float) or not 0 <= ms <= _MAX_MS:
+        if type(ms) not in (int, float) or not 0 <= ms <= MAX_MS:
             raise BadLine("a JSON line with an invalid duration")
         event.ms = float(ms)
     event.error = _string(record, "error")

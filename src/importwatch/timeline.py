@@ -250,19 +250,22 @@ class _Clock:
     def __init__(self) -> None:
         self.days = 0.0
         self.last: float | None = None
-        self._second = ""  # HH:MM:SS of the last text line, and its seconds since midnight
-        self._base = 0.0
+        self.second = ""  # HH:MM:SS of the last text line, and its seconds since midnight
+        self.base = 0.0
         self._epoch = -1  # the whole second of the last JSON line, and its HH:MM:SS.
         self._text = ""
 
     def seconds(self, event: Event) -> float:
         if event.time is not None:
             return event.time
-        clock = event.clock
-        if clock[:8] != self._second:
-            self._second = clock[:8]
-            self._base = int(clock[:2]) * 3600 + int(clock[3:5]) * 60 + int(clock[6:8])
-        value = self._base + int(clock[9:12]) / 1000.0 + self.days
+        return self.text_seconds(event.clock)
+
+    def text_seconds(self, clock: str) -> float:
+        """A text line's HH:MM:SS.mmm in seconds, past as many midnights as the log has crossed."""
+        if clock[:8] != self.second:
+            self.second = clock[:8]
+            self.base = int(clock[:2]) * 3600 + int(clock[3:5]) * 60 + int(clock[6:8])
+        value = self.base + int(clock[9:12]) / 1000.0 + self.days
         if self.last is not None and value < self.last - _HALF_DAY:
             self.days += _DAY
             value += _DAY
@@ -273,6 +276,10 @@ class _Clock:
         """HH:MM:SS.mmm: a text line's own; local time for a JSON line's epoch time."""
         if event.clock:
             return event.clock
+        return self.stamp_at(seconds)
+
+    def stamp_at(self, seconds: float) -> str:
+        """HH:MM:SS.mmm in local time for an epoch time."""
         whole = int(seconds)
         if whole != self._epoch:
             self._epoch = whole
@@ -306,39 +313,45 @@ def read_events(path: str, skipped: Skipped | None = None) -> Iterator[Event]:
     """
     skipped = skipped if skipped is not None else Skipped()
     found = 0
-    with _open(path) as file:
-        head = file.read(_BINARY_SNIFF)
-        if not head.strip() and not file.peek(1):
-            raise LogError(f"{path} is empty: there is nothing to report")
-        if b"\0" in head:
-            raise LogError(f"{path} is a binary file, not an importwatch log")
+    with open_log(path) as file:
         number = 0
-        for line in _lines(file, head):
-            number += 1
-            if line is None:
-                skipped.add(number, "longer than any line of ours")
-                continue
-            try:
-                event = read_line(line)
-            except BadLine as error:
-                skipped.add(number, str(error))
-                continue
-            if event is None:
-                if "\ufffd" in line or "\0" in line:
-                    skipped.add(number, "not text")
-                continue
-            found += 1
-            skipped.number = number
-            yield event
+        for lines in chunks(file, path):
+            for line in lines:
+                number += 1
+                event = take_line(line, number, skipped)
+                if event is not None:
+                    found += 1
+                    skipped.number = number
+                    yield event
     if not found:
-        why = f"; {skipped}" if skipped.count else ""
-        raise LogError(
-            f"{path} is not an importwatch log: no line starts with '[importwatch '"
-            f" nor is one of its JSON records{why}"
-        )
+        raise not_a_log(path, skipped)
 
 
-def _open(path: str):
+def take_line(line: str | None, number: int, skipped: Skipped) -> Event | None:
+    """The event on LINE (line NUMBER of its log); None, and the line counted in SKIPPED when bad."""
+    if line is None:
+        skipped.add(number, "longer than any line of ours")
+        return None
+    try:
+        event = read_line(line)
+    except BadLine as error:
+        skipped.add(number, str(error))
+        return None
+    if event is None and ("\ufffd" in line or "\0" in line):
+        skipped.add(number, "not text")
+    return event
+
+
+def not_a_log(path: str, skipped: Skipped) -> LogError:
+    """The error for a file in which no line is one of ours."""
+    why = f"; {skipped}" if skipped.count else ""
+    return LogError(
+        f"{path} is not an importwatch log: no line starts with '[importwatch '"
+        f" nor is one of its JSON records{why}"
+    )
+
+
+def open_log(path: str):
     """The file at PATH for reading, never blocking on a FIFO or a device; LogError if it cannot be."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -354,8 +367,16 @@ def _open(path: str):
         raise
 
 
-def _lines(file, data: bytes) -> Iterator[str | None]:
-    """The lines of FILE (DATA read from it already), decoded; None stands for an overlong line."""
+def chunks(file, path: str) -> Iterator[list[str | None]]:
+    """The lines of FILE (opened by open_log), a chunk's worth at a time, decoded; None for an overlong line.
+
+    LogError when it is empty or binary.
+    """
+    data = file.read(_BINARY_SNIFF)
+    if not data.strip() and not file.peek(1):
+        raise LogError(f"{path} is empty: there is nothing to report")
+    if b"\0" in data:
+        raise LogError(f"{path} is a binary file, not an importwatch log")
     carry = b""
     skipping = False  # inside an overlong line: its bytes are dropped up to its end
     while data:
@@ -370,13 +391,13 @@ def _lines(file, data: bytes) -> Iterator[str | None]:
         cut = data.rfind(b"\n")
         carry = data[cut + 1 :]
         if cut >= 0:
-            yield from data[:cut].decode("utf-8", "replace").split("\n")
+            yield data[:cut].decode("utf-8", "replace").split("\n")
         if len(carry) > MAX_LINE:
-            yield None
+            yield [None]
             carry, skipping = b"", True
         data = file.read(_CHUNK)
     if carry:
-        yield carry.decode("utf-8", "replace")
+        yield [carry.decode("utf-8", "replace")]
 
 
 # The watcher says which signal ended a child in "signal SIGTERM to child PID (...)".
@@ -414,6 +435,13 @@ class Timeline:
     def finish(self) -> list[Process]:
         """The processes, in the order they first wrote; whatever is in flight runs to its last line."""
         for process in self.processes:
+            # The fast path (feed.py) leaves a JSON line's clock to be written here, when shown.
+            if not process.last_clock:
+                process.last_clock = self.clock.stamp_at(process.last)
+            for thread in process.threads.values():
+                for node in thread.stack:
+                    if not node.clock:
+                        node.clock = self.clock.stamp_at(node.start)
             ending = process.cut_by()
             # A signal's line is its sender's: the process ran until then, silent.
             last = max(process.last, ending.when) if ending is not None else process.last
