@@ -55,49 +55,50 @@ def _process_lines(rng: random.Random, pid: int, start: float, json_lines: bool)
     threads = ["MainThread"] + [f"loader-{n}" for n in range(rng.randint(0, 3))]
     hung = rng.random() < 0.05
     for thread in threads:
-        stack: list[tuple[str, float, str]] = []
+        # (name or path, start, kind, the start's JSON fields: the end's repeat them, as the writer's do)
+        stack: list[tuple[str, float, str, dict]] = []
         for _ in range(rng.randint(150, 450)):
             now += rng.random() * 0.002
             if stack and (len(stack) > 6 or rng.random() < 0.5):
-                name, began, kind = stack.pop()
+                name, began, kind, fields = stack.pop()
                 ms = (now - began) * 1000.0
                 indent = "  " * len(stack)
                 if kind == "native":
-                    emit(
-                        thread, "native_end", f"{indent}< dlopen {name} {ms:.3f} ms", {"path": name, "ms": ms}
-                    )
+                    emit(thread, "native_end", f"{indent}< dlopen {name} {ms:.3f} ms", {**fields, "ms": ms})
                 else:
-                    emit(thread, "import_end", f"{indent}< {name} {ms:.3f} ms", {"name": name, "ms": ms})
+                    emit(thread, "import_end", f"{indent}< {name} {ms:.3f} ms", {**fields, "ms": ms})
                 continue
             indent = "  " * len(stack)
             if stack and rng.random() < 0.08:
                 path = (
                     f"/venv/lib/python3.11/site-packages/{stack[-1][0].replace('.', '/')}/_ext.cpython-311.so"
                 )
-                emit(thread, "native", f"{indent}> dlopen {path} ({stack[-1][0]})", {"path": path})
+                fields = {"path": path, "owner": stack[-1][0]}
+                emit(thread, "native", f"{indent}> dlopen {path} ({stack[-1][0]})", fields)
                 if rng.random() < 0.1:
                     emit(
                         thread,
                         "verdict",
                         f"{indent}! _ext.so needs libcudart.so.11.0 (CUDA 11)",
-                        {"path": path},
+                        {"path": path, "verdict": "_ext.so needs libcudart.so.11.0 (CUDA 11)"},
                     )
-                stack.append((path, now, "native"))
+                stack.append((path, now, "native", fields))
             else:
                 name = rng.choice(_MODULES)
-                emit(thread, "import", f"{indent}> {name}", {"name": name})
-                stack.append((name, now, "import"))
+                fields = {"name": name, "parent": stack[-1][0] if stack else None}
+                emit(thread, "import", f"{indent}> {name}", fields)
+                stack.append((name, now, "import", fields))
         if not hung:
             while stack:
                 now += 0.0001
-                name, began, kind = stack.pop()
+                name, began, kind, fields = stack.pop()
                 ms = (now - began) * 1000.0
                 word = "dlopen " if kind == "native" else ""
                 emit(
                     thread,
                     f"{kind}_end",
                     f"{'  ' * len(stack)}< {word}{name} {ms:.3f} ms",
-                    {"name": name, "ms": ms},
+                    {**fields, "ms": ms},
                 )
     if hung:
         emit("watchdog", "stall", "STALL 30.0 s without progress; in flight: MainThread: pkg1.mod1 (30.0 s)")

@@ -192,6 +192,18 @@ def _json_log() -> list[str]:
         json.dumps(
             {"pid": 21, "time": 1800000000.025, "thread": "MainThread", "kind": "import", "name": "keys"}
         ),
+        line(1800000000.0251, "native", "> dlopen /x/a.so (a)", path="/x/a.so", owner="a"),
+        line(1800000000.0252, "import", "> a.init", name="a.init", parent="a"),
+        line(1800000000.0253, "import_end", "< a.init", name="a.init", parent="a", ms=0.25),
+        line(1800000000.0254, "native_end", "< dlopen /x/a.so", path="/x/a.so", owner="a", ms=3.5),
+        line(1800000000.0255, "native", "> dlopen /x/c.so", path="/x/c.so", owner="a", needs=["CUDA 11"]),
+        line(
+            1800000000.0256, "native_end", "< dlopen", path="/x/c.so", owner="a", ms=1.5, mapped=["/x/d.so"]
+        ),
+        line(1800000000.0257, "native", "> dlopen /x/e.so", path="/x/e.so", owner=7),
+        line(1800000000.0258, "native_end", "< dlopen /x/e.so", path="/x/e.so", owner="a", ms=0.5),
+        line(1800000000.0259, "import", "> by_path", path="by_path"),
+        line(1800000000.0260, "native_end", "< dlopen /x/f.so", path="/x/f.so", ms=0.5),
         line(1800000000.026, "import", "  > hang", name="hang", parent="a"),
         "[importwatch 23 08:00:00.000] > text_in_a_json_log",
         line(1800000000.027, "import", "> after_text", name="after_text", parent=None, pid=23),

@@ -37,16 +37,20 @@ _TEXT_IMPORT = re.compile(
     r"(?:> (dlopen )?(?!dlopen |phase |step )([!-~]+)(?(4) \([!-~]+\))"
     r"|< (dlopen )?(?!dlopen |phase |step )([!-~]+) (\d{1,15}(?:\.\d{1,15})?) ms(?(6)|(?: failed ([ -~]*))?))"
 ).fullmatch
-# JSON, as importwatch writes it (json.dumps' separators, its key order): strings without escapes
-# (so without quotes, backslashes, controls or non-ASCII), numbers as JSON writes them and
-# float() reads them alike, no exponent. Any other shape, a failure included, takes the general path.
+# JSON, as importwatch writes it (json.dumps' separators, its key order): an import's or a native
+# load's start or end, strings without escapes (so without quotes, backslashes, controls or
+# non-ASCII), numbers as JSON writes them and float() reads them alike, no exponent. Any other
+# shape (a failure, a load's CUDA needs or mapped libraries) takes the general path.
 _STRING = r'"[ !#-\[\]-~]*"'
 _JNUMBER = r"((?:0|[1-9]\d{0,15})(?:\.\d{1,20})?)"
 _JSON_IMPORT = re.compile(
     rf'\{{"time": {_JNUMBER}, "pid": (0|[1-9]\d{{0,9}}), "thread": "([ !#-\[\]-~]+)", '
-    r'(?:"rank": (0|[1-9]\d{0,9}), )?"kind": "import(_end)?", "name": "([ !#-\[\]-~]+)", '
-    rf'(?:"parent": (?:{_STRING}|null), )?(?:"ms": {_JNUMBER}, )?"text": {_STRING}\}}'
+    r'(?:"rank": (0|[1-9]\d{0,9}), )?"kind": "(import|native)(_end)?", '
+    rf'(?:"name": "([ !#-\[\]-~]+)", (?:"parent": (?:{_STRING}|null), )?'
+    rf'|"path": "([ !#-\[\]-~]+)", (?:"owner": {_STRING}, )?)'
+    rf'(?:"ms": {_JNUMBER}, )?"text": {_STRING}\}}'
 ).fullmatch
+
 # A text clock's milliseconds as seconds, as int(MMM) / 1000.0 gives them.
 _MILLISECONDS = {f"{ms:03d}": ms / 1000.0 for ms in range(1000)}
 
@@ -192,7 +196,7 @@ class _Reader:
             if match is None:
                 self.general(lines[number - base], number)
                 continue
-            time_text, pid_text, thread_name, rank_text, end, name, ms_text = match.groups()
+            time_text, pid_text, thread_name, rank_text, what, end, name, path, ms_text = match.groups()
             who = pid_text if rank_text is None else f"{pid_text} r{rank_text}"
             entry = who_of(who)
             when = float(time_text)
@@ -208,10 +212,12 @@ class _Reader:
                 continue
             thread = process.threads.get(thread_name) or process.thread(thread_name)
             stack = thread.stack
+            kind = IMPORT if what == "import" else NATIVE
+            name = name or path
             if (
                 len(stack) >= MAX_DEPTH
                 if end is None
-                else ms is None or not stack or stack[-1].name != name or stack[-1].kind != IMPORT
+                else ms is None or not stack or stack[-1].name != name or stack[-1].kind != kind
             ):
                 self.general(lines[number - base], number)
                 continue
@@ -223,16 +229,17 @@ class _Reader:
             process.own_last = when
             if end is None:
                 process.seq += 1
-                stack.append(Node(IMPORT, name, when, stack[-1] if stack else None, "", process.seq))
+                stack.append(Node(kind, name, when, stack[-1] if stack else None, "", process.seq))
                 continue
             node = stack.pop()
             node.ms = ms
             node.error = None
+            counted = ms if kind == IMPORT else node.nested  # as in text_lines
             parent = node.parent
             if parent is not None:
-                parent.nested += ms
+                parent.nested += counted
             else:
-                thread.nested += ms
+                thread.nested += counted
             if on_end is not None:
                 on_end(process, thread, node)
         return base + len(lines) - 1
