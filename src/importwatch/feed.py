@@ -147,18 +147,21 @@ class _Reader:
                     continue
             if process is None:  # left out by --pid
                 continue
-            thread_name = thread_name or "MainThread"
-            thread = process.threads.get(thread_name) or process.thread(thread_name)
+            thread = process.threads.get(thread_name or "MainThread") or process.thread(
+                thread_name or "MainThread"
+            )
             stack = thread.stack
             if end_name is None:
                 kind = IMPORT if native is None else NATIVE
-                usual = len(stack) < MAX_DEPTH
+                if len(stack) >= MAX_DEPTH:
+                    self.general(lines[number - base], number)
+                    continue
             else:
                 kind = IMPORT if native_end is None else NATIVE
-                usual = stack and stack[-1].name == end_name and stack[-1].kind == kind
-            if not usual:
-                self.general(lines[number - base], number)
-                continue
+                node = stack[-1] if stack else None
+                if node is None or node.name != end_name or node.kind != kind:
+                    self.general(lines[number - base], number)
+                    continue
             if stamp[:8] == clock.second:  # as text_seconds does, without the call: same floats
                 when = clock.last = clock.base + _MILLISECONDS[stamp[9:]] + clock.days
             else:
@@ -173,7 +176,7 @@ class _Reader:
                 process.seq += 1
                 stack.append(Node(kind, name, when, stack[-1] if stack else None, stamp, process.seq))
                 continue
-            node = stack.pop()
+            stack.pop()
             node.ms = ms
             node.error = error
             # What the node adds to its parent's nested time (Node.counted): an import its own, a load its imports'.
