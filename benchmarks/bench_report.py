@@ -1,13 +1,15 @@
 """`importwatch report` on a generated log of about 100 MB: time and peak memory against a plain line loop.
 
-    python benchmarks/bench_report.py [--mb 100] [--format summary] [--json] [--keep DIR]
+    python benchmarks/bench_report.py [--mb 100] [--format summary] [--jsonl] [--json] [--floor] [--keep DIR]
 
 The log mixes what real logs hold: many processes (some forked mid-import, some
 hung at the end), several threads each, nested imports with their ends, native
 loads with their verdicts, stall reports and their dumps. `report` runs in a child
 process; its peak RSS is that child's (resource.getrusage of the children). The
 plain loop is `for line in file: count += 1` over the same file, in a child too,
-text mode (it decodes, as report must).
+text mode (it decodes, as report must). Wall and CPU time are both given: on a
+shared machine the CPU time is the steadier. --floor times what any reading costs:
+report's chunked reader alone, and with its line pattern matched on every line.
 """
 
 from __future__ import annotations
@@ -26,6 +28,35 @@ TARGET_RATIO = 2.0
 _MODULES = [f"pkg{a}.mod{b}" for a in range(40) for b in range(25)]
 _LOOP = "import sys\ncount = 0\nwith open(sys.argv[1], encoding='utf-8', errors='replace') as file:\n"
 _LOOP += "    for line in file:\n        count += 1\nprint(count)\n"
+
+
+# What any reading of the log costs, in one process, CPU seconds (best of 3): the plain loop, report's
+# chunked reader alone, and that reader with the summary's line pattern matched on every line.
+_FLOOR = """
+import sys, time
+from importwatch.feed import JSON_LINE, TEXT_LINE
+from importwatch.timeline import chunks, open_log
+path, pattern = sys.argv[1], JSON_LINE if sys.argv[2] == "jsonl" else TEXT_LINE
+def loop():
+    with open(path, encoding="utf-8", errors="replace") as file:
+        for line in file:
+            pass
+def read():
+    with open_log(path) as file:
+        for lines in chunks(file, path):
+            pass
+def match():
+    with open_log(path) as file:
+        for lines in chunks(file, path):
+            for found in map(pattern, lines):
+                if found is not None:
+                    found.groups()
+def timed(step):
+    began = time.process_time()
+    step()
+    return time.process_time() - began
+print(*(round(min(timed(step) for _ in range(3)), 3) for step in (loop, read, match)))
+"""
 
 
 def _clock(seconds: float) -> str:
@@ -134,20 +165,26 @@ def generate(path: str, megabytes: float, json_lines: bool = False, seed: int = 
     return count
 
 
-def _child(command: list[str]) -> tuple[float, float, subprocess.CompletedProcess]:
-    """Run COMMAND in a fresh child; (wall seconds, peak RSS in MB, result). One child at a time."""
+def _child(command: list[str]) -> tuple[float, float, float, subprocess.CompletedProcess]:
+    """Run COMMAND in a fresh child; (wall seconds, CPU seconds, peak RSS in MB, result). One at a time.
+
+    The CPU time (user and system) is the steadier figure on a shared machine, where
+    other jobs stretch the wall time of a long run more than that of a short one.
+    """
     runner = (
         "import resource, subprocess, sys, time\n"
         "start = time.perf_counter()\n"
         "done = subprocess.run(sys.argv[1:], stdout=subprocess.PIPE, stderr=subprocess.PIPE)\n"
         "wall = time.perf_counter() - start\n"
-        "peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024\n"
+        "usage = resource.getrusage(resource.RUSAGE_CHILDREN)\n"
+        "peak, cpu = usage.ru_maxrss / 1024, usage.ru_utime + usage.ru_stime\n"
         "sys.stderr.buffer.write(done.stderr)\n"
-        "print(f'{wall} {peak} {done.returncode} {len(done.stdout)}')\n"
+        "print(f'{wall} {cpu} {peak} {done.returncode} {len(done.stdout)}')\n"
     )
     done = subprocess.run([sys.executable, "-c", runner, *command], capture_output=True, text=True)
-    wall, peak, code, _ = done.stdout.split()
-    return float(wall), float(peak), subprocess.CompletedProcess(command, int(code), "", done.stderr)
+    wall, cpu, peak, code, _ = done.stdout.split()
+    result = subprocess.CompletedProcess(command, int(code), "", done.stderr)
+    return float(wall), float(cpu), float(peak), result
 
 
 def main() -> int:
@@ -160,6 +197,11 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3, help="runs of each, the best kept (default 3)")
     parser.add_argument("--keep", metavar="DIR", help="write the log into DIR and keep it")
     parser.add_argument("--json", action="store_true", help="print the figures as one JSON object")
+    parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="also time, in one process, report's reader alone and with its line pattern on every line",
+    )
     options = parser.parse_args()
     folder = options.keep or tempfile.mkdtemp(prefix="bench-report-")
     path = os.path.join(folder, "big.jsonl" if options.jsonl else "big.log")
@@ -172,14 +214,16 @@ def main() -> int:
     runs = {"report": [], "loop": []}
     for _ in range(options.rounds):  # alternating, so that machine noise falls on both
         for name, command in (("loop", loop), ("report", report)):
-            wall, peak, done = _child(command)
+            wall, cpu, peak, done = _child(command)
             if done.returncode != 0:
                 sys.stderr.write(done.stderr)
                 return 1
-            runs[name].append((wall, peak))
-    report_s = min(wall for wall, _ in runs["report"])
-    loop_s = min(wall for wall, _ in runs["loop"])
-    rss = max(peak for _, peak in runs["report"])
+            runs[name].append((wall, cpu, peak))
+    report_s = min(wall for wall, _, _ in runs["report"])
+    loop_s = min(wall for wall, _, _ in runs["loop"])
+    report_cpu = min(cpu for _, cpu, _ in runs["report"])
+    loop_cpu = min(cpu for _, cpu, _ in runs["loop"])
+    rss = max(peak for _, _, peak in runs["report"])
     figures = {
         "log_mb": round(size, 1),
         "lines": lines,
@@ -188,10 +232,22 @@ def main() -> int:
         "report_s": round(report_s, 2),
         "loop_s": round(loop_s, 2),
         "ratio": round(report_s / loop_s, 2),
+        "report_cpu_s": round(report_cpu, 2),
+        "loop_cpu_s": round(loop_cpu, 2),
+        "cpu_ratio": round(report_cpu / loop_cpu, 2),
         "report_peak_rss_mb": round(rss, 1),
-        "loop_peak_rss_mb": round(max(peak for _, peak in runs["loop"]), 1),
+        "loop_peak_rss_mb": round(max(peak for _, _, peak in runs["loop"]), 1),
         "generate_s": round(made, 1),
     }
+    if options.floor:
+        done = subprocess.run(
+            [sys.executable, "-c", _FLOOR, path, "jsonl" if options.jsonl else "text"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        loop, read, match = map(float, done.stdout.split())
+        figures["floor_cpu_s"] = {"plain_loop": loop, "chunked_read": read, "read_and_match": match}
     if not options.keep:
         os.unlink(path)
         os.rmdir(folder)
@@ -203,6 +259,17 @@ def main() -> int:
         f"report --format {options.format}: {report_s:.2f} s, peak RSS {rss:.0f} MB (target < {TARGET_RSS_MB})"
     )
     print(f"plain line loop: {loop_s:.2f} s; report / loop = {figures['ratio']} (target <= {TARGET_RATIO})")
+    print(
+        f"CPU time (user + system): report {report_cpu:.2f} s, loop {loop_cpu:.2f} s;"
+        f" report / loop = {figures['cpu_ratio']}"
+    )
+    if options.floor:
+        floor = figures["floor_cpu_s"]
+        print(
+            f"floor, CPU in one process: plain loop {floor['plain_loop']:.2f} s, report's chunked reader"
+            f" {floor['chunked_read']:.2f} s, reader and line pattern {floor['read_and_match']:.2f} s"
+            f" ({floor['read_and_match'] / floor['plain_loop']:.1f} times the loop)"
+        )
     return 0
 
 

@@ -32,7 +32,7 @@ from importwatch.timeline import (
 # and its end names no failure: the rest, and modules named as another kind's line (`> phase x`),
 # take the general path. The classes are printable ASCII: a line with anything else takes it too,
 # and is escaped there.
-_TEXT_IMPORT = re.compile(
+TEXT_LINE = re.compile(
     r"\[importwatch (\d{1,10}(?: r\d{1,10})?) (\d\d:\d\d:\d\d\.\d\d\d)(?: ([!-~]+))?\] +"
     r"(?:> (dlopen )?(?!dlopen |phase |step )([!-~]+)(?(4) \([!-~]+\))"
     r"|< (dlopen )?(?!dlopen |phase |step )([!-~]+) (\d{1,15}(?:\.\d{1,15})?) ms(?(6)|(?: failed ([ -~]*))?))"
@@ -43,7 +43,7 @@ _TEXT_IMPORT = re.compile(
 # shape (a failure, a load's CUDA needs or mapped libraries) takes the general path.
 _STRING = r'"[ !#-\[\]-~]*"'
 _JNUMBER = r"((?:0|[1-9]\d{0,15})(?:\.\d{1,20})?)"
-_JSON_IMPORT = re.compile(
+JSON_LINE = re.compile(
     rf'\{{"time": {_JNUMBER}, "pid": (0|[1-9]\d{{0,9}}), "thread": "([ !#-\[\]-~]+)", '
     r'(?:"rank": (0|[1-9]\d{0,9}), )?"kind": "(import|native)(_end)?", '
     rf'(?:"name": "([ !#-\[\]-~]+)", (?:"parent": (?:{_STRING}|null), )?'
@@ -129,7 +129,7 @@ class _Reader:
         who_of = self.who.get
         clock = self.timeline.clock
         on_end = self.timeline.on_end
-        for number, match in enumerate(map(_TEXT_IMPORT, lines), base):
+        for number, match in enumerate(map(TEXT_LINE, lines), base):
             if match is None:
                 self.general(lines[number - base], number)
                 continue
@@ -195,7 +195,7 @@ class _Reader:
         base = before + 1
         who_of = self.who.get
         on_end = self.timeline.on_end
-        for number, match in enumerate(map(_JSON_IMPORT, lines), base):
+        for number, match in enumerate(map(JSON_LINE, lines), base):
             if match is None:
                 self.general(lines[number - base], number)
                 continue
