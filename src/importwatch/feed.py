@@ -1,13 +1,14 @@
-"""Reads a log into a streamed summary's Timeline, the common import lines without making an Event.
+"""Reads a log into a streamed summary's Timeline, the common lines without making an Event of each.
 
-Most lines of a log are an import's start (`> NAME`) or its end (`< NAME 1.234 ms`).
-For those, one compiled pattern proves the line well formed (printable ASCII, or in
-a JSON line strings without escapes, numbers in range once converted), and the
-Timeline's own work is done here inline: push the node, or pop it and count it.
-Every other line, and every import line that is not the plain case (a pid not yet
-seen, an end whose start is not on top of its thread, nesting too deep, a number out
-of range), takes the general path (events.read_line, then Timeline.add) unchanged:
-both paths leave the Timeline in the same state, so the summary is the same.
+Most lines of a log are an import's or a native load's start (`> NAME`) or end
+(`< NAME 1.234 ms`). For those, one compiled pattern proves the line well formed
+(printable ASCII, or in a JSON line strings without escapes, numbers in range once
+converted), and the Timeline's own work is done here inline: push the node, or pop
+it and count it. Every other line, and every such line that is not the plain case
+(a pid not yet seen, an end whose start is not on top of its thread, nesting too
+deep, a number out of range), takes the general path (events.read_line, then
+Timeline.add) unchanged: both paths leave the Timeline in the same state, so the
+summary is the same. docs/report-speed.md has the measurements.
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ def feed(path: str, timeline: Timeline, skipped: Skipped, pid: int | None = None
                 for line in lines:
                     number += 1
                     reader.general(line, number)
-            elif first[:1] == "{":
+            elif first[:1] == "{":  # a chunk is read in its first line's format; the other's lines go general
                 number = reader.json_lines(lines, number)
             else:
                 number = reader.text_lines(lines, number)
@@ -81,7 +82,7 @@ def feed(path: str, timeline: Timeline, skipped: Skipped, pid: int | None = None
 
 
 class _Reader:
-    """The state of one feed(): which Process each pid's lines go to, and the last text clock read."""
+    """The state of one feed(): which Process each pid's lines go to, and whether any line was ours."""
 
     def __init__(self, timeline: Timeline, skipped: Skipped, pid: int | None) -> None:
         self.timeline = timeline
