@@ -12,6 +12,7 @@ import time
 
 from importwatch import banner, config, phases
 from importwatch.blocking import BlockingSteps
+from importwatch.doors import Doors
 from importwatch.faults import SharedFaulthandler
 from importwatch.hook import Tracer, as_importlib_frame
 from importwatch.log import Sink
@@ -42,6 +43,7 @@ class Tracing:
         self.tracer = Tracer(self.sink)
         self.native = NativeLoads(self.tracer)
         self.blocking = BlockingSteps(self.tracer)
+        self.doors = Doors(self.tracer)
         self.watchdog: Watchdog | None = None
         self.faults = SharedFaulthandler()
         self._usr1 = False
@@ -67,6 +69,7 @@ class Tracing:
         self.tracer.on_start["torch"] = lambda _: banner.torch_before(self.sink, *self.native.torch_facts())
         self.tracer.on_end["torch"] = lambda torch: banner.torch_loaded(self.sink, torch)
         self.tracer.install()
+        self.doors.install()  # waits for modules still initialising, bodies run by loaders
         self.native.install()
         self.blocking.install()  # torch's init steps, wrapped when (and if) their modules arrive
         phases.bind(self.tracer)
@@ -100,6 +103,7 @@ class Tracing:
         phases.bind(None)
         self.blocking.uninstall()
         self.native.uninstall()
+        self.doors.uninstall()
         self.tracer.uninstall()
         if self._usr1:
             faulthandler.unregister(_signal.SIGUSR1)

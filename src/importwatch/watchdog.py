@@ -17,6 +17,7 @@ import os
 import sys
 import time
 
+from importwatch import stalls
 from importwatch.faults import SharedFaulthandler
 from importwatch.hook import NEVER
 
@@ -90,6 +91,7 @@ class Watchdog:
         # The interpreter's main thread is not in this process (a fork child of another thread):
         # no exit handler will ever stop the heartbeat, which must not outlive the program's threads.
         self.main_gone = False
+        self._reporting = _thread.allocate_lock()  # held while a report is written (see report)
 
     # -- life cycle ---------------------------------------------------------------
     def start(self) -> None:
@@ -213,6 +215,7 @@ class Watchdog:
         """
         if in_child:
             self._lock = _thread.RLock()  # held across the fork by the parent's before_fork
+            self._reporting = _thread.allocate_lock()  # the heartbeat may have held it at the fork
             self._wake = self._new_wake()
             self._gone = None  # the parent's heartbeat: no thread here will release it
             self._stalled.clear()
@@ -308,24 +311,37 @@ class Watchdog:
 
     # -- reports ---------------------------------------------------------------------
     def report(self, now: float, chains: dict[int, list[Frame]], culprit: int) -> None:
-        """Write a stall report: every chain in flight, then every thread's stack."""
+        """Write a stall report: every chain in flight, then every thread's stack.
+
+        Written whole under `_reporting`, which a RESUMED line takes too: the end of
+        a stall is never told in the middle of its own report.
+        """
+        with self._reporting:
+            self._report(now, chains, culprit)
+
+    def _report(self, now: float, chains: dict[int, list[Frame]], culprit: int) -> None:
         self._disarm()
         top = chains[culprit][-1]
         since, reports = self._stall(culprit, top)
         reports += 1
         self._stalled[culprit] = (top, since, reports)
+        self._fold_in(now, chains, culprit)
         self._tell_due()
         sink = self.sink
+        waits = stalls.waits(chains)
         lines = [self._chain_line(culprit, chains[culprit], now)]
         lines += [self._chain_line(i, c, now) for i, c in chains.items() if i != culprit]
+        waiting = [sink.thread_name(waiter) for waiter, (owner, _) in waits.items() if owner == culprit]
+        waited = f"; waiting for its module lock: {', '.join(waiting)}" if waiting else ""
         sink.event(
             "stall",
-            f"STALL {now - since:.1f} s without progress; in flight: {lines[0]}",
+            f"STALL {now - since:.1f} s without progress; in flight: {lines[0]}{waited}",
             {"seconds": now - since, "chains": lines, "report": reports},
         )
         for line in lines[1:]:
             sink.event("stall_thread", f"  also in flight: {line}", {"chain": line})
-        for line in self._context(chains[culprit], now):
+        context = self._context(chains[culprit], now) + stalls.deadlocks(waits, sink.thread_name)
+        for line in context:
             sink.event("stall_context", f"  context: {line}", {"context": line})
         share = self._cpu_share(culprit)
         busy = share is not None and share >= _BUSY
@@ -336,11 +352,28 @@ class Watchdog:
                 "slow work such as CUDA JIT compiling PTX or a build ends by itself",
                 {"cpu": share},
             )
+        threads = stalls.thread_names(sink.thread_name)
+        sink.event("stall_threads", f"  threads: {threads}", {"threads": threads})
         self._dump(b"Stacks of all threads (most recent call first):\n")
         if self.exit_on_stall and not busy:
             sink.event("exit", "exiting with status 1 (--exit-on-stall)")
             os._exit(1)
         self._arm(since + self._limit(top) * _GROWTH**reports + _GRACE, now)
+
+    def _fold_in(self, now: float, chains: dict[int, list[Frame]], culprit: int) -> None:
+        """Count this report for every other chain whose report is due as well, or that waits for the
+        culprit's module lock or holds the one it waits for: one report tells them all."""
+        found = stalls.waits(chains)
+        related = {waiter for waiter, (owner, _) in found.items() if owner == culprit}
+        related.add(found.get(culprit, (0, ""))[0])
+        for ident, chain in chains.items():
+            top = chain[-1]
+            limit = self._limit(top)
+            if ident == culprit or limit <= 0:
+                continue
+            since, reports = self._stall(ident, top)
+            if ident in related or now + self.interval >= since + limit * _GROWTH**reports:
+                self._stalled[ident] = (top, since, reports + 1)
 
     def _cpu_share(self, ident: int) -> float | None:
         """The share of a CPU that thread IDENT used over a short look (None if it cannot be read)."""
@@ -408,6 +441,12 @@ class Watchdog:
         if not self._stalled and (self._armed_for is None or now < self._armed_for):
             return
         ident = _thread.get_ident()
+        if ident not in self._stalled and (self._armed_for is None or now < self._armed_for):
+            return  # another thread's stall: this thread never waits for its report
+        with self._reporting:  # after the report of this stall, if one is being written
+            self._resumed(now, ident)
+
+    def _resumed(self, now: float, ident: int) -> None:
         stalled = self._stalled.pop(ident, None)
         if stalled is not None:
             self._tell_due()
@@ -420,7 +459,15 @@ class Watchdog:
         elif self._armed_for is not None and now >= self._armed_for:
             self._armed_for = None  # faulthandler fired while the GIL was held
             self._tell_due()
-            self.sink.event("resumed", "RESUMED: progress again after the stall dumped above", {})
+            self.sink.event(
+                "resumed", f"RESUMED: progress again after the stall dumped {self._dumped_where()}", {}
+            )
+
+    def _dumped_where(self) -> str:
+        """Where faulthandler's own dump went: the terminal shows none when it went to the log."""
+        if self.sink.dump_fd() == self.sink.stderr.fd:
+            return "above"
+        return f"in {self.sink.log_path} (its stacks are not on this terminal)"
 
     def _tell_due(self) -> None:
         """Tell the tracer from when a step's end needs _on_progress, after each change of what it reads.
@@ -469,7 +516,7 @@ class Watchdog:
             self._tell_due()
             self.sink.event(
                 "resumed",
-                f"RESUMED after {now - frame.start:.1f} s: {frame.name} ended (stacks dumped above)",
+                f"RESUMED after {now - frame.start:.1f} s: {frame.name} ended (stacks dumped {self._dumped_where()})",
                 {"name": frame.name, "seconds": now - frame.start},
             )
 

@@ -1,0 +1,300 @@
+"""The other doors into the import system: waits for a module still initialising, and module bodies run
+by a loader outside an import statement (LazyLoader, spec_from_file_location, runpy, reload).
+
+``_find_and_load`` (hook.py) sees every import that misses ``sys.modules``.
+Three ways to run or wait for a module's body pass it by, and each is wrapped
+here where it costs nothing, or next to nothing, on an import that uses it not:
+
+- ``_lock_unlock_module``: the C import code looks it up by name when the module
+  is in ``sys.modules`` but its ``__spec__._initializing`` is set, so only for a
+  module whose body is still running. It becomes an event only when another
+  thread holds the module's lock (a wait); the same thread re-entering its own
+  module (a circular import) passes through after one dictionary look-up.
+- a loader's ``exec_module``: importlib's own source and bytecode loaders from
+  the start, other loader classes once ``importlib.util.module_from_spec`` has
+  made a module for them. An import statement runs the same method inside
+  ``_find_and_load``, whose event is already on top of the thread's chain: that
+  call passes through after one comparison.
+- ``runpy.run_path`` and ``runpy.run_module`` (``python -m`` itself uses neither).
+"""
+
+from __future__ import annotations
+
+import _frozen_importlib as _bootstrap
+import _frozen_importlib_external as _external
+import _thread
+import os
+import sys
+import time
+import types
+
+from importwatch.hook import WAITING, Frame, as_importlib_frame
+from importwatch.log import escape
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable
+
+    from importwatch.hook import Tracer
+
+_module_attribute = types.ModuleType.__getattribute__  # never a lazy module's own __getattribute__
+
+
+class ForkRecord:
+    """The module locks other threads held at the last fork: a child inherits them held, for ever."""
+
+    def __init__(self) -> None:
+        self.parent = 0  # the pid that forked, 0 before any fork
+        # module name: (its lock, the holder's ident, the holder's name), for locks held by other threads
+        self.held: dict[str, tuple[object, int, str]] = {}
+
+
+FORK = ForkRecord()
+_fork_hooks = False
+
+
+def note_locks_at_fork() -> None:
+    """Before a fork: the module locks held by threads other than the forking one, with their names.
+
+    Only the forking thread lives on in the child, so a lock held by another one
+    is never released there; and the child cannot learn the holder's name later.
+    The record keeps those locks alive until the fork has been made.
+    """
+    held = {}
+    me = _thread.get_ident()
+    threading = sys.modules.get("threading")
+    names = getattr(threading, "_active", None) or {}
+    for name, ref in list(_bootstrap._module_locks.items()):
+        lock = ref()
+        owner = getattr(lock, "owner", None)
+        if owner is not None and owner != me:
+            thread = names.get(owner)
+            held[name] = (lock, owner, thread.name if thread is not None else f"thread-{owner:#x}")
+    FORK.parent = os.getpid()
+    FORK.held = held
+
+
+def _forgotten_in_parent() -> None:
+    FORK.held = {}  # the parent's locks live on with their threads: nothing to keep
+
+
+def lost_in_fork(module: str, owner: int) -> str | None:
+    """When module MODULE's lock, held by OWNER, was inherited held through a fork: the holder's name."""
+    record = FORK.held.get(module)
+    if record is None or FORK.parent == os.getpid():
+        return None
+    lock, ident, name = record
+    ref = _bootstrap._module_locks.get(module)
+    if ident != owner or ref is None or ref() is not lock:
+        return None
+    return name
+
+
+def owner_text(module: str, owner: int, thread_name: Callable[[int], str]) -> str:
+    """The holder of MODULE's lock, by name; one lost in a fork says so."""
+    lost = lost_in_fork(module, owner)
+    if lost is not None:
+        return f"{escape(lost)} in the parent {FORK.parent}, lost in the fork"
+    return thread_name(owner)
+
+
+class DoorFrame(Frame):
+    """An event of this module in flight: a wait for a module lock, or a body run by a loader."""
+
+    __slots__ = ("origin", "owner")
+
+    def __init__(self, name: str, start: float, owner: int | None = None, origin: str | None = None) -> None:
+        super().__init__(name, start)
+        self.owner = owner  # the thread holding the lock waited for; None for a body being run
+        self.origin = origin
+
+    def where(self, ident: int, thread_name: Callable[[int], str]) -> str:
+        if self.owner is not None:
+            return f"{WAITING} held by {owner_text(self.name, self.owner, thread_name)}"
+        if self.origin is not None:
+            return f"loading {self.origin}"
+        return super().where(ident, thread_name)
+
+
+def _lock_owner(name: str) -> int | None:
+    """The thread other than this one that holds module NAME's lock now, if any."""
+    ref = _bootstrap._module_locks.get(name)
+    lock = ref() if ref is not None else None
+    owner = getattr(lock, "owner", None)
+    if owner is None or owner == _thread.get_ident():
+        return None
+    return owner
+
+
+class Doors:
+    """Installs and removes the wrappers; each turns what it sees into the tracer's start and end lines."""
+
+    def __init__(self, tracer: Tracer) -> None:
+        self.tracer = tracer
+        self._saved: list[tuple[Any, str, Any]] = []  # (owner, attribute, original), to put back
+        self._loader_classes: set[type] = set()
+
+    # -- installing --------------------------------------------------------------------
+    def install(self) -> None:
+        if self._saved:
+            return
+        global _fork_hooks
+        if not _fork_hooks:  # once per process: fork hooks cannot be taken back
+            _fork_hooks = True
+            os.register_at_fork(before=note_locks_at_fork, after_in_parent=_forgotten_in_parent)
+        lock_unlock = getattr(_bootstrap, "_lock_unlock_module", None)
+        if lock_unlock is not None:
+            self._replace(_bootstrap, "_lock_unlock_module", as_importlib_frame(self._make_wait(lock_unlock)))
+        self._wrap_exec_module(_external._LoaderBasics)
+        self.tracer.on_end["runpy"] = self._wrap_runpy
+        self.tracer.on_end["importlib.util"] = self._wrap_util
+        for name, wrap in (("runpy", self._wrap_runpy), ("importlib.util", self._wrap_util)):
+            module = sys.modules.get(name)
+            if module is not None:
+                wrap(module)
+
+    def uninstall(self) -> None:
+        for owner, attribute, original in reversed(self._saved):
+            setattr(owner, attribute, original)
+        self._saved.clear()
+        self._loader_classes.clear()
+        for name in ("runpy", "importlib.util"):
+            self.tracer.on_end.pop(name, None)
+
+    def _replace(self, owner: Any, attribute: str, replacement: Any) -> None:
+        self._saved.append((owner, attribute, owner.__dict__[attribute]))
+        setattr(owner, attribute, replacement)
+
+    # -- running one event ---------------------------------------------------------------
+    def _run(self, frame: DoorFrame, function: Callable, *args: Any) -> Any:
+        """FUNCTION(*ARGS) as the event FRAME: its start line, then its end line however it ends."""
+        tracer = self.tracer
+        sink = tracer.sink
+        ident = _thread.get_ident()
+        stack = tracer.stacks.get(ident)
+        fresh = stack is None
+        if fresh:
+            stack = tracer.stacks[ident] = []
+            tracer.native_ids[ident] = _thread.get_native_id()
+        parent = stack[-1].name if stack else None
+        indent = "  " * len(stack)
+        shown = escape(frame.name)
+        stack.append(frame)
+        if fresh and tracer.on_deadline is not None:
+            tracer.on_deadline(None)
+        fields = {"name": frame.name, "parent": parent}
+        if frame.owner is not None:
+            fields["waits_for"] = owner_text(frame.name, frame.owner, sink.thread_name)
+        if frame.origin is not None:
+            fields["origin"] = frame.origin
+        sink.event("import", f"{indent}> {shown}", fields)
+        failure = None
+        try:
+            return function(*args)
+        except BaseException as error:
+            failure = f"{type(error).__name__}: {error}"
+            raise
+        finally:
+            now = tracer.pop(frame)
+            ms = (now - frame.start) * 1000.0
+            fields = {"name": frame.name, "parent": parent, "ms": ms}
+            if failure is None:
+                sink.event("import_end", f"{indent}< {shown} {ms:.3f} ms", fields)
+            else:
+                fields["error"] = failure
+                sink.event("import_end", f"{indent}< {shown} {ms:.3f} ms failed {failure}", fields)
+
+    # -- waits for a module still initialising ---------------------------------------------
+    def _make_wait(self, original: Callable) -> Callable:
+        doors = self
+
+        def _lock_unlock_module(name: str) -> Any:
+            owner = _lock_owner(name)
+            if owner is None:  # free, or ours (a circular import): no wait
+                return original(name)
+            return doors._run(DoorFrame(name, time.monotonic(), owner=owner), original, name)
+
+        return _lock_unlock_module
+
+    # -- module bodies run by a loader --------------------------------------------------------
+    def _wrap_exec_module(self, klass: type) -> None:
+        """Have KLASS's exec_module announce the bodies it runs outside an import of the same module."""
+        if klass in self._loader_classes or "exec_module" not in vars(klass):
+            return
+        self._loader_classes.add(klass)
+        original = vars(klass)["exec_module"]
+        if not isinstance(original, types.FunctionType):
+            return  # a static or class method, or one in C: left alone
+        stacks = self.tracer.stacks
+        get_ident = _thread.get_ident
+        doors = self
+
+        def exec_module(loader: Any, module: Any) -> Any:
+            try:
+                name = _module_attribute(module, "__name__")
+            except Exception:  # not a module: the loader's own error, untouched
+                return original(loader, module)
+            stack = stacks.get(get_ident())
+            if stack and stack[-1].name == name:  # inside the import of this very module
+                return original(loader, module)
+            origin = getattr(_module_attribute(module, "__spec__"), "origin", None)
+            frame = DoorFrame(name, time.monotonic(), origin=origin if isinstance(origin, str) else None)
+            return doors._run(frame, original, loader, module)
+
+        try:
+            self._replace(klass, "exec_module", as_importlib_frame(exec_module))
+        except (TypeError, AttributeError):
+            pass  # a class that cannot be changed
+
+    def _wrap_util(self, util: Any) -> None:
+        """importlib.util.module_from_spec: the loaders it makes modules for are wrapped (see _wrap_exec_module)."""
+        original = getattr(util, "module_from_spec", None)
+        lazy = getattr(util, "LazyLoader", None)
+        if original is None or getattr(original, "_importwatch", False):
+            return
+        doors = self
+
+        def module_from_spec(spec: Any) -> Any:
+            module = original(spec)
+            loader = getattr(spec, "loader", None)
+            if loader is not None and not (lazy is not None and isinstance(loader, lazy)):
+                for klass in type(loader).__mro__:
+                    if "exec_module" in vars(klass):
+                        doors._wrap_exec_module(klass)
+                        break
+            return module
+
+        traced = as_importlib_frame(module_from_spec)
+        traced.__doc__ = original.__doc__
+        traced._importwatch = True  # type: ignore[attr-defined]
+        self._replace(util, "module_from_spec", traced)
+
+    def _wrap_runpy(self, runpy: Any) -> None:
+        """runpy.run_path and run_module (not python -m's own path): the code they run is an event."""
+        doors = self
+        run_path = runpy.__dict__.get("run_path")
+        run_module = runpy.__dict__.get("run_module")
+        if run_path is None or run_module is None or getattr(run_path, "_importwatch", False):
+            return
+
+        def traced_run_path(path_name: Any, init_globals: Any = None, run_name: Any = None) -> Any:
+            name = run_name if isinstance(run_name, str) else "<run_path>"
+            frame = DoorFrame(name, time.monotonic(), origin=os.fsdecode(path_name))
+            return doors._run(frame, run_path, path_name, init_globals, run_name)
+
+        def traced_run_module(
+            mod_name: Any, init_globals: Any = None, run_name: Any = None, alter_sys: Any = False
+        ) -> Any:
+            frame = DoorFrame(str(mod_name), time.monotonic())
+            return doors._run(frame, run_module, mod_name, init_globals, run_name, alter_sys)
+
+        for wrapper, original in ((traced_run_path, run_path), (traced_run_module, run_module)):
+            traced = as_importlib_frame(wrapper, original.__name__)
+            traced.__doc__ = original.__doc__
+            traced.__name__ = traced.__qualname__ = original.__name__
+            traced._importwatch = True  # type: ignore[attr-defined]
+            self._replace(runpy, original.__name__, traced)
+
+
+# Our frames under importlib's file name, as hook.py files its own (tracebacks read as without us).
+Doors._run = as_importlib_frame(Doors._run)  # type: ignore[method-assign]
