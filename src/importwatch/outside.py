@@ -294,18 +294,18 @@ def waits_on(pid: int, sample: ThreadSample) -> str | None:
     if kind == _FD:
         fd = call[1]
         if name == "fcntl" and call[2] not in _F_SETLKW:
-            return f"in fcntl on fd {fd}: {describe_fd(pid, fd)}"
+            return f"in fcntl on {fd_name(fd)}: {describe_fd(pid, fd)}"
         what = describe_fd(pid, fd)
         if name in ("flock", "fcntl"):
             return f"waiting for a lock on {what}{lock_holder(pid, fd)}"
-        return f"in {name} on fd {fd}: {what}"
+        return f"in {name} on {fd_name(fd)}: {what}"
     if kind in (_PATH, _PATH_AT):
         path = _read_string(pid, call[2 if kind == _PATH_AT else 1])
         return f"in {name} of {path}" if path is not None else f"in {name}"
     if kind == _POLL:
         fds = _poll_fds(pid, call[1], call[2])
         if fds:
-            described = "; ".join(f"fd {fd}: {describe_fd(pid, fd)}" for fd in fds[:4])
+            described = "; ".join(f"{fd_name(fd)}: {describe_fd(pid, fd)}" for fd in fds[:4])
             return f"in {name} on {described}"
         return f"in {name}"
     if name == "futex":
@@ -357,6 +357,14 @@ def command_of(pid: int) -> str:
     words = [word.decode("utf-8", "backslashreplace") for word in data.rstrip(b"\0").split(b"\0")]
     text = " ".join(mask_argv(words))
     return text if len(text) <= 80 else text[:77] + "..."
+
+
+_STANDARD_FDS = ("stdin", "stdout", "stderr")
+
+
+def fd_name(fd: int) -> str:
+    """A descriptor as a verdict names it: the standard ones by name (`stdin (fd 0)`), others `fd N`."""
+    return f"{_STANDARD_FDS[fd]} (fd {fd})" if 0 <= fd < len(_STANDARD_FDS) else f"fd {fd}"
 
 
 def describe_fd(pid: int, fd: int) -> str:
