@@ -304,7 +304,7 @@ def test_gil_held_stall_with_a_log_says_on_stderr_where_the_dump_is(built: Path,
     env = clean_env(PYTHONPATH=str(built), HANG_SECONDS="2")
     result = importwatch("--timeout", "1", "--no-watcher", "--log", str(log), "-c", "import hangext", env=env)
     assert result.returncode == 0, result.stderr
-    assert "Timeout (0:00:01" in log.read_text() and "Timeout (" not in result.stderr
+    assert "Timeout (" in log.read_text() and "Timeout (" not in result.stderr
     assert f"stacks dumped in {log} (its stacks are not on this terminal)" in result.stderr
 
 

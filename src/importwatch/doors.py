@@ -28,6 +28,7 @@ import sys
 import time
 import types
 
+from importwatch.forklocks import forgotten_in_parent, note_locks_at_fork, owner_text
 from importwatch.hook import WAITING, Frame, as_importlib_frame
 from importwatch.log import escape
 
@@ -40,62 +41,7 @@ if TYPE_CHECKING:
 _module_attribute = types.ModuleType.__getattribute__  # never a lazy module's own __getattribute__
 
 
-class ForkRecord:
-    """The module locks other threads held at the last fork: a child inherits them held, for ever."""
-
-    def __init__(self) -> None:
-        self.parent = 0  # the pid that forked, 0 before any fork
-        # module name: (its lock, the holder's ident, the holder's name), for locks held by other threads
-        self.held: dict[str, tuple[object, int, str]] = {}
-
-
-FORK = ForkRecord()
 _fork_hooks = False
-
-
-def note_locks_at_fork() -> None:
-    """Before a fork: the module locks held by threads other than the forking one, with their names.
-
-    Only the forking thread lives on in the child, so a lock held by another one
-    is never released there; and the child cannot learn the holder's name later.
-    The record keeps those locks alive until the fork has been made.
-    """
-    held = {}
-    me = _thread.get_ident()
-    threading = sys.modules.get("threading")
-    names = getattr(threading, "_active", None) or {}
-    for name, ref in list(_bootstrap._module_locks.items()):
-        lock = ref()
-        owner = getattr(lock, "owner", None)
-        if owner is not None and owner != me:
-            thread = names.get(owner)
-            held[name] = (lock, owner, thread.name if thread is not None else f"thread-{owner:#x}")
-    FORK.parent = os.getpid()
-    FORK.held = held
-
-
-def _forgotten_in_parent() -> None:
-    FORK.held = {}  # the parent's locks live on with their threads: nothing to keep
-
-
-def lost_in_fork(module: str, owner: int) -> str | None:
-    """When module MODULE's lock, held by OWNER, was inherited held through a fork: the holder's name."""
-    record = FORK.held.get(module)
-    if record is None or FORK.parent == os.getpid():
-        return None
-    lock, ident, name = record
-    ref = _bootstrap._module_locks.get(module)
-    if ident != owner or ref is None or ref() is not lock:
-        return None
-    return name
-
-
-def owner_text(module: str, owner: int, thread_name: Callable[[int], str]) -> str:
-    """The holder of MODULE's lock, by name; one lost in a fork says so."""
-    lost = lost_in_fork(module, owner)
-    if lost is not None:
-        return f"{escape(lost)} in the parent {FORK.parent}, lost in the fork"
-    return thread_name(owner)
 
 
 class DoorFrame(Frame):
@@ -141,7 +87,7 @@ class Doors:
         global _fork_hooks
         if not _fork_hooks:  # once per process: fork hooks cannot be taken back
             _fork_hooks = True
-            os.register_at_fork(before=note_locks_at_fork, after_in_parent=_forgotten_in_parent)
+            os.register_at_fork(before=note_locks_at_fork, after_in_parent=forgotten_in_parent)
         lock_unlock = getattr(_bootstrap, "_lock_unlock_module", None)
         if lock_unlock is not None:
             self._replace(_bootstrap, "_lock_unlock_module", as_importlib_frame(self._make_wait(lock_unlock)))

@@ -20,6 +20,7 @@ import sys
 import time
 import types
 
+from importwatch.forklocks import owner_text
 from importwatch.log import escape
 
 TYPE_CHECKING = False
@@ -85,7 +86,7 @@ class Frame:
         if module is None:
             owner = lock_owner(ident, self.name)
             if owner is not None:
-                return f"{WAITING} held by {thread_name(owner)}" if owner else WAITING
+                return f"{WAITING} held by {owner_text(self.name, owner, thread_name)}" if owner else WAITING
             return _phase_of_stack(ident)
         spec = getattr(module, "__spec__", None)
         origin = getattr(spec, "origin", None)

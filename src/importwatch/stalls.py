@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import sys
 
-from importwatch.doors import FORK, DoorFrame, lost_in_fork
+from importwatch.doors import DoorFrame
+from importwatch.forklocks import FORK, lost_in_fork
 from importwatch.hook import lock_owner
 
 TYPE_CHECKING = False
