@@ -283,6 +283,16 @@ class Watchdog:
         Returns how long the heartbeat may sleep: until the next report is due, or
         the armed deadline needs moving, and never longer than `longest`.
         """
+        if self._armed_for is not None and now >= self._armed_for:
+            with self._reporting:  # faulthandler dumped while the GIL was held; Python runs again
+                fired = self._fired(now)
+                if fired:
+                    where = self._dumped_where()
+                    self.sink.event(
+                        "resumed", f"RESUMED: progress again after a stall; stacks dumped {where}", {}
+                    )
+            if fired:
+                return self.interval  # that stall has its dump: look again before reporting it
         chains = self.tracer.in_flight()
         if not chains:
             self._disarm()
@@ -456,18 +466,16 @@ class Watchdog:
                 f"RESUMED after {now - since:.1f} s: {frame.name} ended",
                 {"name": frame.name, "seconds": now - since},
             )
-        elif self._armed_for is not None and now >= self._armed_for:
-            self._armed_for = None  # faulthandler fired while the GIL was held
-            self._tell_due()
+        elif self._fired(now):
             self.sink.event(
-                "resumed", f"RESUMED: progress again after the stall dumped {self._dumped_where()}", {}
+                "resumed", f"RESUMED: progress again after a stall; stacks dumped {self._dumped_where()}", {}
             )
 
     def _dumped_where(self) -> str:
         """Where faulthandler's own dump went: the terminal shows none when it went to the log."""
         if self.sink.dump_fd() == self.sink.stderr.fd:
             return "above"
-        return f"in {self.sink.log_path} (its stacks are not on this terminal)"
+        return f"in {self.sink.log_path}, not on this terminal"
 
     def _tell_due(self) -> None:
         """Tell the tracer from when a step's end needs _on_progress, after each change of what it reads.
@@ -511,14 +519,27 @@ class Watchdog:
         if armed is None:
             return
         now = time.monotonic()
-        if now >= armed:
-            self._armed_for = None  # it fired while the GIL was held
-            self._tell_due()
-            self.sink.event(
-                "resumed",
-                f"RESUMED after {now - frame.start:.1f} s: {frame.name} ended (stacks dumped {self._dumped_where()})",
-                {"name": frame.name, "seconds": now - frame.start},
-            )
+        if now < armed:
+            return
+        with self._reporting:
+            if self._fired(now):
+                self.sink.event(
+                    "resumed",
+                    f"RESUMED after {now - frame.start:.1f} s: {frame.name} ended "
+                    f"(stacks dumped {self._dumped_where()})",
+                    {"name": frame.name, "seconds": now - frame.start},
+                )
+
+    def _fired(self, now: float) -> bool:
+        """Whether faulthandler's timer has fired (its deadline passed, never cancelled): true once per
+        firing, for whoever sees it first, the heartbeat or the thread whose step ended."""
+        with self._lock:
+            armed = self._armed_for
+            if armed is None or now < armed:
+                return False
+            self._armed_for = None
+        self._tell_due()
+        return True
 
     # -- faulthandler's timer -------------------------------------------------------------
     def _arm(self, deadline: float, now: float) -> None:
