@@ -306,6 +306,8 @@ def test_gil_held_stall_with_a_log_says_on_stderr_where_the_dump_is(built: Path,
     assert result.returncode == 0, result.stderr
     assert "Timeout (" in log.read_text() and "Timeout (" not in result.stderr
     assert f"stacks dumped in {log}, not on this terminal" in result.stderr
+    # The names of the threads faulthandler's dump gave by address only.
+    assert re.search(r"\]\s+threads: 0x[0-9a-f]{16} (importwatch-heartbeat|MainThread), ", result.stderr)
 
 
 def test_gil_free_stall_with_a_log_shows_the_stacks_on_stderr_too(tmp_path: Path) -> None:

@@ -287,10 +287,7 @@ class Watchdog:
             with self._reporting:  # faulthandler dumped while the GIL was held; Python runs again
                 fired = self._fired(now)
                 if fired:
-                    where = self._dumped_where()
-                    self.sink.event(
-                        "resumed", f"RESUMED: progress again after a stall; stacks dumped {where}", {}
-                    )
+                    self._say_fired()
             if fired:
                 return self.interval  # that stall has its dump: look again before reporting it
         chains = self.tracer.in_flight()
@@ -362,13 +359,17 @@ class Watchdog:
                 "slow work such as CUDA JIT compiling PTX or a build ends by itself",
                 {"cpu": share},
             )
-        threads = stalls.thread_names(sink.thread_name)
-        sink.event("stall_threads", f"  threads: {threads}", {"threads": threads})
+        self._thread_map()
         self._dump(b"Stacks of all threads (most recent call first):\n")
         if self.exit_on_stall and not busy:
             sink.event("exit", "exiting with status 1 (--exit-on-stall)")
             os._exit(1)
         self._arm(since + self._limit(top) * _GROWTH**reports + _GRACE, now)
+
+    def _thread_map(self) -> None:
+        """Each thread as faulthandler's dump names it (its address), and by name."""
+        threads = stalls.thread_names(self.sink.thread_name)
+        self.sink.event("stall_threads", f"  threads: {threads}", {"threads": threads})
 
     def _fold_in(self, now: float, chains: dict[int, list[Frame]], culprit: int) -> None:
         """Count this report for every other chain whose report is due as well, or that waits for the
@@ -467,9 +468,15 @@ class Watchdog:
                 {"name": frame.name, "seconds": now - since},
             )
         elif self._fired(now):
-            self.sink.event(
-                "resumed", f"RESUMED: progress again after a stall; stacks dumped {self._dumped_where()}", {}
-            )
+            self._say_fired()
+
+    def _say_fired(self) -> None:
+        """Python runs again after faulthandler dumped a stall on its own: where that dump went, and
+        the names of the threads it gave by address only."""
+        self.sink.event(
+            "resumed", f"RESUMED: progress again after a stall; stacks dumped {self._dumped_where()}", {}
+        )
+        self._thread_map()
 
     def _dumped_where(self) -> str:
         """Where faulthandler's own dump went: the terminal shows none when it went to the log."""
@@ -529,6 +536,7 @@ class Watchdog:
                     f"(stacks dumped {self._dumped_where()})",
                     {"name": frame.name, "seconds": now - frame.start},
                 )
+                self._thread_map()  # faulthandler's dump named the threads by address only
 
     def _fired(self, now: float) -> bool:
         """Whether faulthandler's timer has fired (its deadline passed, never cancelled): true once per
