@@ -78,8 +78,8 @@ def test_thread_waiting_for_a_module_its_starter_initialises_is_a_named_deadlock
     dumped = set(re.findall(r"^(?:Current thread|Thread) (0x[0-9a-f]+)", stderr, re.M))
     assert {names["MainThread"], names["warmup"]} <= dumped
     summary = _summary(log)
-    assert "still in flight when the log ends: a" in summary
-    assert "on warmup" in summary and "on MainThread" in summary
+    assert "with in flight: MainThread: a; warmup: a" in summary
+    assert "    on warmup, the innermost since" in summary and "    on MainThread, the innermost since" in summary
     assert "context: deadlock: MainThread holds the module lock of a" in summary
 
 

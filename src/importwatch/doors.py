@@ -2,26 +2,27 @@
 by a loader outside an import statement (LazyLoader, spec_from_file_location, runpy, reload).
 
 ``_find_and_load`` (hook.py) sees every import that misses ``sys.modules``.
-These ways to run or wait for a module's body pass it by:
+These ways to run or wait for a module's body pass it by; each is wrapped where
+an import that does not use it pays nothing:
 
 - ``_lock_unlock_module``: the C import code looks it up by name when the module
   is in ``sys.modules`` but its ``__spec__._initializing`` is set, so only for a
   module whose body is still running. It becomes an event only when another
   thread holds the module's lock (a wait); the same thread re-entering its own
   module (a circular import) passes through after one dictionary look-up.
-- a loader's ``exec_module``: importlib's own source and bytecode loaders from
-  the start (LazyLoader, spec_from_file_location, ``importlib.reload``), any
-  other loader class once ``importlib.util.module_from_spec`` has made a module
-  for it. An import statement runs the same method inside ``_find_and_load``,
-  whose event is already on top of the thread's chain: that call passes through
-  after one comparison (about 0.1 us; see the README's performance table).
-- ``runpy.run_path`` and ``runpy.run_module`` (``python -m`` itself uses neither).
+- a loader class's ``exec_module``, once ``importlib.util`` has helped make a
+  module for that class (spec_from_file_location, module_from_spec, LazyLoader:
+  the ways plugin systems, pytest's importlib mode and lazy loading make theirs).
+  From then on an import statement runs the wrapper too, inside
+  ``_find_and_load``, whose event is already on top of the thread's chain: it
+  passes through after one comparison (about 2,000 instructions an import).
+- ``importlib.reload``, ``runpy.run_path`` and ``runpy.run_module`` (``python -m``
+  itself uses neither).
 """
 
 from __future__ import annotations
 
 import _frozen_importlib as _bootstrap
-import _frozen_importlib_external as _external
 import _thread
 import os
 import sys
@@ -89,7 +90,6 @@ class Doors:
         lock_unlock = getattr(_bootstrap, "_lock_unlock_module", None)
         if lock_unlock is not None:
             self._replace(_bootstrap, "_lock_unlock_module", as_importlib_frame(self._make_wait(lock_unlock)))
-        self._wrap_exec_module(_external._LoaderBasics)  # source and bytecode files, whoever asks
         for name, wrap in self._modules():
             self.tracer.on_end[name] = wrap
             module = sys.modules.get(name)
@@ -109,6 +109,7 @@ class Doors:
         return (
             ("runpy", self._wrap_runpy),
             ("importlib.util", self._wrap_util),
+            ("importlib", self._wrap_reload),
         )
 
     def _replace(self, owner: Any, attribute: str, replacement: Any) -> None:
@@ -202,31 +203,76 @@ class Doors:
             pass  # a class that cannot be changed
 
     def _wrap_util(self, util: Any) -> None:
-        """importlib.util.module_from_spec: the class of each loader it makes a module for is wrapped
-        (pytest's assertion rewriter in --import-mode=importlib, a plugin system's own loader).
+        """importlib.util: the loader classes of the modules it helps make are wrapped (_wrap_exec_module).
 
-        A LazyLoader's own exec_module runs no body; the loader it wraps does, when
-        the module's first attribute is touched.
+        spec_from_file_location and module_from_spec (the recipe of plugin systems and
+        of pytest's importlib mode) wrap their spec's loader class; LazyLoader wraps the
+        class of the loader it holds, whose exec_module runs the body when the module's
+        first attribute is touched. An import that uses none of them costs nothing more.
         """
-        original = getattr(util, "module_from_spec", None)
-        lazy = getattr(util, "LazyLoader", None)
-        if original is None or getattr(original, "_importwatch", False):
-            return
         doors = self
+        lazy = getattr(util, "LazyLoader", None)
 
-        def module_from_spec(spec: Any) -> Any:
-            module = original(spec)
+        def loader_of(spec: Any) -> None:
             loader = getattr(spec, "loader", None)
             if lazy is not None and isinstance(loader, lazy):
                 loader = getattr(loader, "loader", None)
             if loader is not None:
                 doors._wrap_loader(type(loader))
+
+        def module_from_spec(spec: Any) -> Any:
+            module = original_module_from_spec(spec)
+            loader_of(spec)
             return module
 
-        traced = as_importlib_frame(module_from_spec)
-        traced.__doc__ = original.__doc__
+        def spec_from_file_location(*args: Any, **kwargs: Any) -> Any:
+            spec = original_spec_from_file_location(*args, **kwargs)
+            loader_of(spec)
+            return spec
+
+        original_module_from_spec = getattr(util, "module_from_spec", None)
+        original_spec_from_file_location = getattr(util, "spec_from_file_location", None)
+        for name, wrapper in (
+            ("module_from_spec", module_from_spec),
+            ("spec_from_file_location", spec_from_file_location),
+        ):
+            self._wrap_function(util, name, wrapper)
+        original_lazy = vars(lazy).get("exec_module") if lazy is not None else None
+        if original_lazy is not None and not getattr(original_lazy, "_importwatch", False):
+
+            def exec_module(loader: Any, module: Any) -> Any:
+                doors._wrap_loader(type(getattr(loader, "loader", None)))
+                return original_lazy(loader, module)
+
+            traced = as_importlib_frame(exec_module)
+            traced._importwatch = True  # type: ignore[attr-defined]
+            self._replace(lazy, "exec_module", traced)
+
+    def _wrap_function(self, owner: Any, name: str, wrapper: Callable) -> None:
+        """Replace OWNER.NAME by WRAPPER, once, with the original's name and docstring."""
+        original = owner.__dict__.get(name)
+        if original is None or getattr(original, "_importwatch", False):
+            return
+        traced = as_importlib_frame(wrapper, name)
+        traced.__doc__ = getattr(original, "__doc__", None)
+        traced.__name__ = traced.__qualname__ = name
         traced._importwatch = True  # type: ignore[attr-defined]
-        self._replace(util, "module_from_spec", traced)
+        self._replace(owner, name, traced)
+
+    def _wrap_reload(self, importlib: Any) -> None:
+        """importlib.reload runs a module's body again: an event named by the module."""
+        original = importlib.__dict__.get("reload")
+        doors = self
+
+        def reload(module: Any) -> Any:
+            name = getattr(module, "__name__", None)
+            if not isinstance(name, str):
+                return original(module)  # not a module: reload's own error, untouched
+            origin = getattr(getattr(module, "__spec__", None), "origin", None)
+            frame = DoorFrame(name, time.monotonic(), origin=origin if isinstance(origin, str) else None)
+            return doors._run(frame, original, module)
+
+        self._wrap_function(importlib, "reload", reload)
 
     def _wrap_loader(self, loader_class: type) -> None:
         """Wrap the exec_module LOADER_CLASS runs: the one of the first class in its MRO that defines it."""
@@ -240,8 +286,6 @@ class Doors:
         doors = self
         run_path = runpy.__dict__.get("run_path")
         run_module = runpy.__dict__.get("run_module")
-        if run_path is None or run_module is None or getattr(run_path, "_importwatch", False):
-            return
 
         def traced_run_path(path_name: Any, init_globals: Any = None, run_name: Any = None) -> Any:
             name = run_name if isinstance(run_name, str) else "<run_path>"
@@ -255,12 +299,8 @@ class Doors:
             frame = DoorFrame(str(mod_name), time.monotonic())
             return doors._run(frame, run_module, mod_name, init_globals, run_name, alter_sys)
 
-        for wrapper, original in ((traced_run_path, run_path), (traced_run_module, run_module)):
-            traced = as_importlib_frame(wrapper, original.__name__)
-            traced.__doc__ = original.__doc__
-            traced.__name__ = traced.__qualname__ = original.__name__
-            traced._importwatch = True  # type: ignore[attr-defined]
-            self._replace(runpy, original.__name__, traced)
+        self._wrap_function(runpy, "run_path", traced_run_path)
+        self._wrap_function(runpy, "run_module", traced_run_module)
 
 
 # Our frames under importlib's file name, as hook.py files its own (tracebacks read as without us).

@@ -72,6 +72,7 @@ OTHER_KINDS = {
     "outside: ": "outside",
     "  context: ": "stall_context",
     "  busy, not stuck: ": "busy",
+    "  threads: ": "stall_threads",
     "fork ": "fork",
     "exiting with status ": EXIT,
     "signal ": SIGNAL,
