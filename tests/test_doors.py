@@ -79,7 +79,10 @@ def test_thread_waiting_for_a_module_its_starter_initialises_is_a_named_deadlock
     assert {names["MainThread"], names["warmup"]} <= dumped
     summary = _summary(log)
     assert "with in flight: MainThread: a; warmup: a" in summary
-    assert "    on warmup, the innermost since" in summary and "    on MainThread, the innermost since" in summary
+    assert (
+        "    on warmup, the innermost since" in summary
+        and "    on MainThread, the innermost since" in summary
+    )
     assert "context: deadlock: MainThread holds the module lock of a" in summary
 
 
