@@ -17,6 +17,7 @@ import signal
 import socket
 import struct
 import subprocess
+import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -576,19 +577,63 @@ def find_program(name: str) -> str | None:
     return None
 
 
-def native_stacks(pid: int, timeout: float = 30.0) -> tuple[str, list[str]]:
-    """Every thread's native stack from the first debugger installed: (tool, lines) or ('', [why])."""
+class Stacks:
+    """Native stacks of a process: per thread (tid, header, frames) when the tool's output tells the
+    threads apart (gdb), else one block; `seconds`: how long reading them took.
+
+    gdb keeps the process stopped until release(): its stacks can be written while it
+    cannot move on, even when moving on means ending (faulthandler's exit is due).
+    """
+
+    __slots__ = ("_gdb", "seconds", "threads", "tool")
+
+    def __init__(
+        self,
+        tool: str,
+        threads: list[tuple[int | None, str, list[str]]],
+        seconds: float,
+        gdb: subprocess.Popen | None = None,
+    ) -> None:
+        self.tool = tool
+        self.threads = threads
+        self.seconds = seconds
+        self._gdb = gdb
+
+    def release(self) -> None:
+        """Let the process go on: gdb detaches and quits (killed if it does not)."""
+        gdb, self._gdb = self._gdb, None
+        if gdb is not None:
+            _end_gdb(gdb, b"detach\nquit\n")
+
+
+_GDB_END = "@@importwatch: end of stacks@@"
+
+
+def read_stacks(pid: int, timeout: float = 10.0) -> Stacks | str:
+    """Every thread's native stack from the first debugger installed, or why there are none.
+
+    A debugger stops every thread of the process while it reads them (gdb: a few
+    tenths of a second, longer while it loads a big library's symbols), at most
+    TIMEOUT seconds; it is never started while someone else's debugger holds the process.
+    gdb's stacks come back with the process still stopped: call release().
+    """
     blocked = ptrace_blocker(pid)
     if blocked is not None:
-        return "", [f"no native stacks: {blocked}; run as root, or: sudo sysctl kernel.yama.ptrace_scope=0"]
+        return f"no native stacks: {blocked}; run as root, or: sudo sysctl kernel.yama.ptrace_scope=0"
+    tracer = tracer_pid(pid)
+    if tracer:
+        return f"no native stacks: pid {tracer} {command_of(tracer)} is debugging it"
+    path = find_program("gdb")
+    if path is not None:
+        return _gdb_stacks(path, pid, timeout)
     for tool, command in (
-        ("gdb", ["-p", str(pid), "-batch", "-nx", "-ex", "set pagination off", "-ex", "thread apply all bt"]),
         ("pystack", ["remote", str(pid), "--native"]),
         ("py-spy", ["dump", "--native", "--pid", str(pid)]),
     ):
         path = find_program(tool)
         if path is None:
             continue
+        began = time.monotonic()
         try:
             done = subprocess.run(
                 [path, *command],
@@ -599,34 +644,151 @@ def native_stacks(pid: int, timeout: float = 30.0) -> tuple[str, list[str]]:
                 errors="replace",
             )
         except (OSError, subprocess.TimeoutExpired) as error:
-            return tool, [f"{tool} failed: {error}"]
-        lines = _gdb_lines(done.stdout) if tool == "gdb" else done.stdout.splitlines()
-        if not lines:
-            return tool, [f"{tool} showed nothing: {(done.stderr.strip().splitlines() or ['?'])[-1]}"]
-        return tool, lines
-    return "", ["no native stacks: install gdb, py-spy or pystack to see them"]
+            return f"{tool} failed: {error}"
+        if not done.stdout.strip():
+            return f"{tool} showed nothing: {(done.stderr.strip().splitlines() or ['?'])[-1]}"
+        return Stacks(tool, [(None, "", done.stdout.splitlines())], time.monotonic() - began)
+    return "no native stacks: install gdb, py-spy or pystack to see them"
 
 
-def _gdb_lines(output: str, frames: int = 24) -> list[str]:
-    """The thread headers and frames of gdb's backtraces, each frame shortened to function and library."""
-    lines: list[str] = []
+def _gdb_stacks(path: str, pid: int, timeout: float) -> Stacks | str:
+    """gdb, driven through its stdin: attach, print every stack and a mark, then wait to be released."""
+    import selectors
+
+    began = time.monotonic()
+    commands = f"set pagination off\nset confirm off\nthread apply all bt\necho {_GDB_END}\\n\n"
+    try:
+        gdb = subprocess.Popen(
+            [path, "-nx", "-q", "-p", str(pid)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        gdb.stdin.write(commands.encode())
+        gdb.stdin.flush()
+    except OSError as error:
+        return f"gdb failed: {error}"
+    output = b""
+    with selectors.DefaultSelector() as selector:
+        selector.register(gdb.stdout, selectors.EVENT_READ)
+        while _GDB_END.encode() + b"\n" not in output:
+            left = began + timeout - time.monotonic()
+            if left <= 0 or not selector.select(left):
+                _end_gdb(gdb, b"")
+                return f"gdb failed: no stacks within {timeout:g} s"
+            data = os.read(gdb.stdout.fileno(), 1 << 16)
+            if not data:
+                _end_gdb(gdb, b"")
+                last = output.decode("utf-8", "replace").strip().splitlines() or ["?"]
+                return f"gdb showed nothing: {last[-1]}"
+            output += data
+    text = output.decode("utf-8", "replace").split(_GDB_END + "\n")[0]
+    threads = gdb_threads(text)
+    if not threads:
+        _end_gdb(gdb, b"detach\nquit\n")
+        return f"gdb showed nothing: {(text.strip().splitlines() or ['?'])[-1]}"
+    return Stacks("gdb", threads, time.monotonic() - began, gdb)
+
+
+def _end_gdb(gdb: subprocess.Popen, commands: bytes) -> None:
+    try:
+        if commands:
+            gdb.stdin.write(commands)
+        gdb.stdin.close()
+    except OSError:
+        pass
+    try:
+        gdb.wait(5.0)
+    except subprocess.TimeoutExpired:
+        gdb.kill()  # a tracer that dies lets its tracee go
+        gdb.wait()
+    gdb.stdout.close()
+
+
+def gdb_threads(output: str, frames: int = 24) -> list[tuple[int | None, str, list[str]]]:
+    """gdb's backtraces per thread: (LWP, "Thread N (LWP T)", frames shortened to function and library)."""
+    threads: list[tuple[int | None, str, list[str]]] = []
     count = 0
     for line in output.splitlines():
         if line.startswith("Thread "):
-            lines.append(line.split(" (Thread 0x")[0] + _lwp(line))
+            lwp = _lwp(line)
+            threads.append((lwp, line.split(" (Thread 0x")[0] + (f" (LWP {lwp})" if lwp else ""), []))
             count = 0
-        elif line.startswith("#"):
+        elif line.startswith("#") and threads:
             count += 1
             if count <= frames:
-                lines.append("  " + short_frame(line))
+                threads[-1][2].append("  " + short_frame(line))
             elif count == frames + 1:
-                lines.append("  ...")
-    return lines
+                threads[-1][2].append("  ...")
+    return threads
 
 
-def _lwp(line: str) -> str:
+def _lwp(line: str) -> int | None:
     start = line.find("(LWP ")
-    return f" (LWP {line[start + 5 : line.find(')', start)]})" if start >= 0 else ""
+    number = line[start + 5 : line.find(")", start)] if start >= 0 else ""
+    return int(number) if number.isdigit() else None
+
+
+# -- who else holds the process -----------------------------------------------------------------
+def tracer_pid(pid: int) -> int:
+    """The pid of the debugger (ptrace) attached to PID, 0 when none."""
+    status = _read(f"/proc/{pid}/status") or b""
+    for line in status.splitlines():
+        if line.startswith(b"TracerPid:"):
+            value = line.split()[1:]
+            return int(value[0]) if value and value[0].isdigit() else 0
+    return 0
+
+
+def is_watcher_of(candidate: int, pid: int) -> bool:
+    """True when CANDIDATE is importwatch's watcher process for PID."""
+    command = _read(f"/proc/{candidate}/cmdline", 4096) or b""
+    return b"importwatch.sidecar" in command and f"\0--pid\0{pid}\0".encode() in command
+
+
+def traced_by_us(pid: int, tracer: int | None = None) -> bool:
+    """True when PID's debugger is one our watcher started (to read its native stacks)."""
+    tracer = tracer_pid(pid) if tracer is None else tracer
+    if not tracer:
+        return False
+    stat = process_stat(tracer)
+    return stat is not None and is_watcher_of(stat.ppid, pid)
+
+
+def blocks_all_signals(pid: int, tid: int) -> bool:
+    """True when thread TID blocks every signal it can (faulthandler's timer thread does)."""
+    status = _read(f"/proc/{pid}/task/{tid}/status") or b""
+    for line in status.splitlines():
+        if line.startswith(b"SigBlk:"):
+            try:
+                mask = int(line.split()[1], 16)
+            except (IndexError, ValueError):
+                return False
+            # SIGKILL and SIGSTOP cannot be blocked, and glibc keeps its two internal signals (32, 33).
+            wanted = ((1 << 64) - 1) & ~((1 << 8) | (1 << 18) | (1 << 31) | (1 << 32))
+            return mask & wanted == wanted
+    return False
+
+
+def is_timer_thread(pid: int, sample: ThreadSample, code: CodeRanges) -> bool:
+    """True for faulthandler's timer thread, told from outside without a debugger.
+
+    It is the one thread CPython starts in C: it blocks every signal, and only the
+    interpreter and the C library are on its stack, where any other thread that
+    blocks all signals was started by a library that is on its own stack.
+    """
+    if not blocks_all_signals(pid, sample.tid):
+        return False
+    on_stack = libraries_on_stack(pid, sample, code, 1 << 13)
+    if not on_stack:
+        return False
+    own = {os.path.realpath(f"/proc/{pid}/exe")}
+    return all(path in own or _is_runtime(path) for path in on_stack)
+
+
+def _is_runtime(path: str) -> bool:
+    name = os.path.basename(path)
+    return name.startswith(("libc.so", "libc-", "libpthread", "ld-linux", "ld-", "libpython"))
 
 
 def short_frame(line: str) -> str:
