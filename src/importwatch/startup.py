@@ -332,7 +332,10 @@ def _at_exit() -> None:
     """
     if _active is None:
         return
-    _active.sink.feed_line("#exit")
+    if _active.sink.feed is not None:
+        from importwatch.sidecar import hush  # loaded already: it started the watcher
+
+        hush(_active.sink)  # says `#exit` and keeps the watcher from writing after the exit
     if _active.watchdog is not None:
         _active.watchdog.stop()
 

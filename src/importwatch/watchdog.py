@@ -31,15 +31,52 @@ if TYPE_CHECKING:
 _GROWTH = 2.0
 # How late faulthandler may fire after the heartbeat would have reported.
 _GRACE = 0.3
-# A stalled thread using at least this share of a CPU is busy, not stuck (seen over _LOOK seconds).
+# A stalled thread running, or ready to run, at least this share of the time is busy, not stuck
+# (seen over _LOOK seconds, in steps of _STEP, of which at most _STEPS are taken: see _cpu_share).
 _BUSY = 0.5
 _LOOK = 0.2
+_STEP = 0.05
+_STEPS = 40
 # How long stop() waits for the heartbeat to end (it is woken first, so this is only a bound).
 _STOP_WAIT = 1.0
 # In a process whose interpreter main thread is gone (a fork child of another thread), how often the
 # heartbeat looks whether it is the last thread left: then it leaves, so the process can end.
 _ALONE_LOOK = 0.05
 _TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _tasks() -> set[str]:
+    """The kernel thread ids of this process."""
+    try:
+        return set(os.listdir("/proc/self/task"))
+    except OSError:
+        return set()
+
+
+def _tracer() -> int:
+    """The pid of a debugger attached to this process (ptrace), 0 when none."""
+    try:
+        with open("/proc/self/status", "rb") as status:
+            for line in status:
+                if line.startswith(b"TracerPid:"):
+                    return int(line.split()[1])
+    except (OSError, IndexError, ValueError):
+        pass
+    return 0
+
+
+def _demand(task: str) -> float | None:
+    """Seconds thread TASK (/proc/self/task/TID) has run or waited in the run queue for a CPU.
+
+    On a loaded machine a spinning thread gets only part of a CPU, yet never waits
+    for anything else; without schedstat, its CPU time has to do.
+    """
+    try:
+        with open(f"{task}/schedstat", "rb") as schedstat:
+            run, wait = schedstat.read().split()[:2]
+        return (int(run) + int(wait)) / 1e9
+    except (OSError, ValueError):
+        return _cpu_seconds(f"{task}/stat")
 
 
 def _cpu_seconds(stat_path: str) -> float | None:
@@ -109,7 +146,14 @@ class Watchdog:
         self._generation += 1
         self._gone = _thread.allocate_lock()  # held by the heartbeat until it has ended
         self._gone.acquire()
+        tasks = _tasks() if self.sink.feed is not None else None
         _thread.start_new_thread(self._heartbeat, (self._generation, self._gone))
+        if tasks is not None:
+            # Told now, for the watcher: the heartbeat names itself only once it runs, and a program
+            # that holds the GIL from its first import on (a hung dlopen) never lets it.
+            new = _tasks() - tasks
+            if len(new) == 1:
+                self.sink.feed_line(f"#thread importwatch-heartbeat {new.pop()}")
 
     def wake_up(self) -> None:
         """The first step since a fork: start the heartbeat (and the child's own start, on_wake)."""
@@ -352,17 +396,25 @@ class Watchdog:
             sink.event("stall_context", f"  context: {line}", {"context": line})
         share = self._cpu_share(culprit)
         busy = share is not None and share >= _BUSY
+        debugger = _tracer() if share is None else 0
         if busy:
             sink.event(
                 "busy",
-                f"  busy, not stuck: {self.sink.thread_name(culprit)} used {share:.0%} of a CPU just now; "
-                "slow work such as CUDA JIT compiling PTX or a build ends by itself",
+                f"  busy, not stuck: {self.sink.thread_name(culprit)} used {share:.0%} of a CPU just now "
+                "(or waited for one); slow work such as CUDA JIT compiling PTX or a build ends by itself",
                 {"cpu": share},
             )
         self._thread_map()
         self._dump(b"Stacks of all threads (most recent call first):\n")
-        if self.exit_on_stall and not busy:
+        if self.exit_on_stall and not busy and debugger:
+            text = f"--exit-on-stall does not end it: a debugger, pid {debugger}, is attached"
+            sink.event("stall_context", f"  context: {text}", {"context": text})
+        elif self.exit_on_stall and not busy:
             sink.event("exit", "exiting with status 1 (--exit-on-stall)")
+            if sink.feed is not None:
+                from importwatch.sidecar import hush  # loaded already: it started the watcher
+
+                hush(sink)
             os._exit(1)
         self._arm(since + self._limit(top) * _GROWTH**reports + _GRACE, now)
 
@@ -387,17 +439,37 @@ class Watchdog:
                 self._stalled[ident] = (top, since, reports + 1)
 
     def _cpu_share(self, ident: int) -> float | None:
-        """The share of a CPU that thread IDENT used over a short look (None if it cannot be read)."""
+        """The share of time thread IDENT ran or was ready to run, over _LOOK seconds in which the
+        process ran free.
+
+        A debugger reading stacks (the watcher's gdb, or a person's) stops every thread,
+        and a stopped busy thread looks idle: so the look is made of short steps, and a
+        step counts only when no debugger was attached at either end and this thread,
+        too, lost no time to a stop: a step that overran its length by more than it
+        waited for a CPU (a loaded machine) was stopped for the rest. None when it
+        cannot be read, or when no _LOOK seconds free of stops came within _STEPS steps.
+        """
         tid = self.tracer.native_ids.get(ident)
         if tid is None:
             return None
-        path = f"/proc/self/task/{tid}/stat"
-        before, began = _cpu_seconds(path), time.monotonic()
-        time.sleep(_LOOK)
-        after, ended = _cpu_seconds(path), time.monotonic()
-        if before is None or after is None:
-            return None
-        return (after - before) / (ended - began)
+        task = f"/proc/self/task/{tid}"
+        me = f"/proc/self/task/{_thread.get_native_id()}"
+        used = spent = 0.0
+        before, mine, began = _demand(task), _demand(me), time.monotonic()
+        for _ in range(_STEPS):
+            free = not _tracer()
+            time.sleep(_STEP)
+            after, mine_after, ended = _demand(task), _demand(me), time.monotonic()
+            if before is None or after is None or mine is None or mine_after is None:
+                return None
+            stopped = (ended - began) - _STEP - (mine_after - mine)
+            if free and stopped < _STEP and not _tracer():
+                used += after - before
+                spent += ended - began
+                if spent >= _LOOK:
+                    return used / spent
+            before, mine, began = after, mine_after, ended
+        return None
 
     def _limit(self, frame: Frame) -> float:
         """A step's stall threshold: its own timeout (a phase's), or the watchdog's."""
