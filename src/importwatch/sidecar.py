@@ -13,6 +13,12 @@ How it is started (launch(), in the traced process, at activation):
   exits as soon as the program does (end of the feed, or the pidfd), and a
   pipe reader waiting for EOF on the program's stderr waits only milliseconds more.
 
+Never a line after the program's exit: the watcher writes each burst of lines
+holding an flock on the feed pipe, and the program, at its exit, takes that lock
+and keeps it (hush). So a normal exit waits for a burst being written (a few
+milliseconds, at most HUSH_WAIT) and the watcher says nothing more; after a death
+it drops the rest of its report and writes only the death line.
+
 What it reports: see Watcher. Everything it writes carries the traced pid.
 """
 
@@ -23,6 +29,7 @@ import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from importwatch import outside
     from importwatch.events import Event
     from importwatch.log import Sink
     from importwatch.outside import ThreadSample
@@ -34,6 +41,14 @@ SAMPLE_INTERVAL = 0.25
 FEED_BATCH = 0.02  # after reading the feed, how long the watcher lets lines gather (see run)
 # With --exit-on-stall, how long the watcher lets the program end itself before killing it.
 EXIT_GRACE = 1.5
+# How long the program's exit waits for the watcher to finish the lines it is writing.
+HUSH_WAIT = 1.0
+_HUSH_TRY = 0.002
+# The longest a debugger may keep the process stopped to read its native stacks.
+STACKS_TIMEOUT = 10.0
+# Names the program's own threads of ours are announced under (see watchdog.py).
+_OUR_THREADS = {"importwatch-heartbeat": "importwatch's heartbeat (ours)"}
+_TIMER_THREAD = "faulthandler's timer thread, armed by importwatch (ours)"
 # Reports repeat while a stall lasts, each interval twice the one before (as the watchdog's).
 _GROWTH = 2.0
 _THREAD_LINES = 12  # threads listed one per line; the rest are counted
@@ -136,6 +151,32 @@ def _is_child(pid: int) -> bool:
     return True
 
 
+def hush(sink: Sink) -> None:
+    """At the program's exit: tell the watcher, let it finish the lines it is writing, silence it.
+
+    The lock taken here is held until the process is gone, so once the parent has
+    the exit status no line of the watcher follows the program's own last output.
+    """
+    import fcntl
+    import time
+
+    feed = sink.feed
+    if feed is None:
+        return
+    sink.feed_line("#exit")
+    # Counted in tries, not by the clock: a debugger that stops this process meanwhile (the
+    # watcher's, reading stacks it will write once it lets go) must not use up the wait.
+    for _ in range(int(HUSH_WAIT / _HUSH_TRY)):
+        try:
+            fcntl.flock(feed.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            time.sleep(_HUSH_TRY)
+        except OSError:
+            return
+    # A watcher stopped or stuck while holding it: the exit does not wait longer.
+
+
 def _pipe() -> tuple[int, int]:
     """A pipe whose ends are above 2 (stdin may be closed), the write end non-blocking and enlarged."""
     import fcntl
@@ -216,6 +257,11 @@ class Watcher:
         self.told_mapped = False  # the program sent its own list of what was mapped at its start
         self._buffer = b""
         self._pidfd: int | None = None
+        self.silent = False  # the program has exited, or died: no more report lines
+        self.stacks_for: Step | None = None  # the stalled step whose stacks were shown
+        self.timer_tids: set[int] = set()  # faulthandler's timer threads seen so far
+        self.told_foreign = False  # said once that someone else's debugger holds the process
+        self.busy_told = False  # the program's own watchdog found the stalled thread busy
 
     # -- the main loop -------------------------------------------------------------------
     def run(self) -> int:
@@ -334,6 +380,8 @@ class Watcher:
             self._progress(now)
         elif kind == "checkpoint":
             self._progress(now)
+        elif kind == "busy":
+            self.busy_told = True
         elif kind == "warning":
             stack = self.stacks.get(event.thread)
             if stack:
@@ -342,6 +390,7 @@ class Watcher:
             self.clean = True
 
     def _progress(self, now: float) -> None:
+        self.busy_told = False
         if self.reports:
             self.reports = 0
         self.progress = now
@@ -380,42 +429,192 @@ class Watcher:
 
     def report(self, now: float) -> None:
         """The outside report of a stall; see the class docstring."""
+        from importwatch import outside
+
+        self.reports += 1
+        lines = self._report_lines(now)
+        if not self._say(lines) or not self.reports:
+            return  # the program exited, died or moved on meanwhile
+        verdict = lines[0][2].get("verdict") if lines else None
+        # With --exit-on-stall the program's watchdog may be timing a busy thread's CPU use to decide
+        # whether to exit, and a debugger's stop would look like idleness: the stacks wait for a
+        # later report, once the program has said the thread is busy.
+        deciding = verdict == outside.BUSY and self.exit_on_stall and not self.busy_told
+        if verdict in (outside.WAITING, outside.BUSY) and not deciding:
+            self._stacks()  # last, as a debugger takes a while: the lines above are out already
+        if self.exit_on_stall and self.reports and verdict in (outside.WAITING, outside.STOPPED):
+            self._end_stalled(verdict)
+
+    def _say(self, lines: list[tuple[str, str, dict]]) -> bool:
+        """Write LINES at once, unless the program has exited or died meanwhile; False when not."""
+        if not self._hold():
+            return False
+        try:
+            return self._write(lines)
+        finally:
+            self._release()
+
+    def _hold(self) -> bool:
+        """Take the lock the program takes at its exit (see hush); False when it is exiting or gone."""
+        import fcntl
+
+        if self.silent:
+            return False
+        self._read_available()
+        if self.clean or not self._alive():
+            self.silent = True
+            return False
+        try:
+            fcntl.flock(self.feed, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.silent = True  # the program holds it: it is exiting
+            return False
+        except OSError:
+            pass  # no lock on this pipe: the checks above must do
+        return True
+
+    def _release(self) -> None:
+        import fcntl
+
+        try:
+            fcntl.flock(self.feed, fcntl.LOCK_UN)
+        except OSError:
+            pass
+
+    def _write(self, lines: list[tuple[str, str, dict]]) -> bool:
+        """LINES, while the lock is held; none if the program died meanwhile (only the death line is due)."""
+        if not self._alive():
+            self.silent = True
+            return False
+        for kind, body, fields in lines:
+            self.sink.event(kind, f"outside: {body}", fields)
+        return True
+
+    def _alive(self) -> bool:
+        from importwatch import outside
+
+        if self._pidfd is not None:
+            import select
+
+            return not select.select([self._pidfd], [], [], 0)[0]
+        return outside.alive(self.pid, self.start_time)
+
+    def _read_available(self) -> None:
+        """Take what the feed holds now without waiting (an `#exit` silences the report)."""
+        import time
+
+        while True:
+            try:
+                data = os.read(self.feed, 1 << 16) if self._readable() else b""
+            except OSError:
+                return
+            if not data:
+                return
+            self.take(data, time.monotonic())
+
+    def _readable(self) -> bool:
+        import select
+
+        return bool(select.select([self.feed], [], [], 0)[0])
+
+    def _stacks(self) -> None:
+        """Every thread's native stack, the stalled thread's first, ours in one line each.
+
+        Read once per stalled step: a report that finds the same step still in flight
+        says so in one line. The debugger stops the process while it reads; the
+        samples taken before are dropped, so no busy-or-waiting verdict spans the stop.
+        """
+        from importwatch import outside
+
+        chains = self._in_flight()
+        culprit_name = "MainThread" if "MainThread" in chains else next(iter(chains))
+        step = chains[culprit_name][-1]
+        if step is self.stacks_for:
+            self._say([("outside", "native stacks: as in the first report of this stall", {})])
+            return
+        self.stacks_for = step
+        # The lock is held from before the debugger attaches until the stacks are out: a program
+        # that ends meanwhile waits for them in hush (it is stopped for most of that time anyway).
+        if not self._hold():
+            return
+        try:
+            found = outside.read_stacks(self.pid, STACKS_TIMEOUT)
+            try:
+                # Written while gdb still holds the process: it cannot end (nor exit, were
+                # faulthandler's exit due) before its stacks are out.
+                self._write(self._stack_lines(found, chains, culprit_name))
+            finally:
+                if not isinstance(found, str):
+                    found.release()
+            self.samples.clear()  # they span the stop
+        finally:
+            self._release()
+
+    def _stack_lines(
+        self, found: outside.Stacks | str, chains: dict[str, list[Step]], culprit_name: str
+    ) -> list[tuple[str, str, dict]]:
+        """The stalled thread's stack first, then the other threads in flight, the rest, ours last."""
+        if isinstance(found, str):
+            return [("outside", found, {})]
+        names = {tid: name for name, tid in self.tids.items()}
+        first = self.tids.get(culprit_name, self.pid)
+        flying = {self.tids.get(name) for name in chains}
+        ordered = sorted(
+            found.threads, key=lambda thread: (thread[0] != first, thread[0] not in flying, thread[0] or 0)
+        )
+        body = []
+        ours = []
+        for tid, header, frames in ordered:
+            label = _OUR_THREADS.get(names.get(tid, ""))
+            if label is None and any("faulthandler_thread" in frame for frame in frames):
+                label = _TIMER_THREAD
+                self.timer_tids.add(tid or 0)
+            if label is not None:
+                ours.append(f"{header}: {label}")
+                continue
+            name = names.get(tid)
+            body += [f"{header} {name}" if name else header] if header else []
+            body += frames
+        title = f"native stacks ({found.tool}, read in {found.seconds:.1f} s with the process stopped):"
+        lines = [title, *(f"  {line}" for line in body), *(f"  {line}" for line in ours)]
+        return [("outside", line, {}) for line in lines]
+
+    def _end_stalled(self, verdict: str) -> None:
+        """--exit-on-stall: the program ends itself when it can; kill it when it cannot (stopped).
+
+        Never while someone else's debugger holds it: a person is looking at it.
+        """
         import time
 
         from importwatch import outside
 
-        self.reports += 1
-        first = self.reports == 1
-        lines = self._report_lines(now)
-        for kind, body, fields in lines:
-            self.sink.event(kind, f"outside: {body}", fields)
-        verdict = lines[0][2].get("verdict") if lines else None
-        if first and verdict in (outside.WAITING, outside.BUSY):
-            # Last, as a debugger takes a while: the lines above are out already.
-            tool, stack_lines = outside.native_stacks(self.pid)
-            title = f"native stacks ({tool}):" if tool else stack_lines.pop(0)
-            self.sink.event("outside", f"outside: {title}", {})
-            for line in stack_lines:
-                self.sink.event("outside", f"outside:   {line}", {})
-        if self.exit_on_stall and verdict in (outside.WAITING, outside.STOPPED):
-            # The program's own watchdog ends it with status 1 when it can act (within a second
-            # of the threshold); the watcher steps in only when it cannot, as in a stopped process.
-            deadline = time.monotonic() + EXIT_GRACE
-            while True:
-                stat = outside.process_stat(self.pid)
-                if stat is None or stat.state in "ZX":
-                    return  # it ended by itself
-                if time.monotonic() >= deadline:
-                    break
-                time.sleep(0.05)
-            self.sink.event(
-                "exit", f"outside: --exit-on-stall: the program is {verdict}, not busy: killing it", {}
-            )
-            self.clean = True
-            try:
-                os.kill(self.pid, 9)
-            except OSError:
-                pass
+        # The program's own watchdog ends it with status 1 when it can act (within a second
+        # of the threshold); the watcher steps in only when it cannot, as in a stopped process.
+        deadline = time.monotonic() + EXIT_GRACE
+        while True:
+            stat = outside.process_stat(self.pid)
+            if stat is None or stat.state in "ZX":
+                return  # it ended by itself
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
+        tracer = outside.tracer_pid(self.pid)
+        if tracer and not outside.traced_by_us(self.pid, tracer):
+            if not self.told_foreign:
+                self.told_foreign = True
+                who = f"pid {tracer} {outside.command_of(tracer)}"
+                self._say(
+                    [("outside", f"--exit-on-stall: {who} is debugging it: left as it is, not killed", {})]
+                )
+            return
+        said = self._say([("exit", f"--exit-on-stall: the program is {verdict}, not busy: killing it", {})])
+        if not said:
+            return
+        self.clean = True
+        try:
+            os.kill(self.pid, 9)
+        except OSError:
+            pass
 
     def _report_lines(self, now: float) -> list[tuple[str, str, dict]]:
         from importwatch import outside
@@ -449,6 +648,7 @@ class Watcher:
         lines.append(("outside", f"{head}; in flight: {culprit_name}: {chain}", {"verdict": overall}))
 
         # Threads in flight first, then the rest; a long tail of idle threads is counted.
+        code = outside.CodeRanges(pid)
         order = sorted(current, key=lambda tid: (names.get(tid) not in chains, tid != pid, tid))
         for index, tid in enumerate(order):
             if index == _THREAD_LINES:
@@ -457,6 +657,11 @@ class Watcher:
                 lines.append(("outside", f"{len(rest)} more threads: {summary}", {}))
                 break
             sample = current[tid]
+            ours = self._ours(tid, names.get(tid), sample, code)
+            if ours is not None:
+                label = names.get(tid) or "faulthandler-timer"
+                lines.append(("outside", f"{label} (tid {tid}): {ours}", {"thread": label, "tid": tid}))
+                continue
             label = names.get(tid) or f"thread-{tid}"
             what, share = verdicts[tid]
             body = f"{label} (tid {tid}, {sample.comm}): {self._state_text(sample, share)}: {what}"
@@ -470,7 +675,7 @@ class Watcher:
             lines.append(("outside", self._stopped_hint(stat), {}))
         elif outside.stdin_terminal(pid) and stat is not None and stat.background:
             lines.append(("outside", "it reads a terminal on stdin from the background: redirect stdin", {}))
-        lines += self._mapped_lines(pid, chains[culprit_name], culprit)
+        lines += self._mapped_lines(pid, chains[culprit_name], culprit, code)
         for step in chains[culprit_name]:
             for warning in step.warnings:
                 lines.append(("outside", f"said for {step.name}: {warning}", {}))
@@ -479,6 +684,17 @@ class Watcher:
                 ("outside", f"the feed lost {self.lost} lines: in-flight steps may be incomplete", {})
             )
         return lines
+
+    def _ours(self, tid: int, name: str | None, sample: ThreadSample, code: outside.CodeRanges) -> str | None:
+        """What a thread of ours is, or None for the program's own threads."""
+        from importwatch import outside
+
+        if name in _OUR_THREADS:
+            return _OUR_THREADS[name]
+        if tid in self.timer_tids or (name is None and outside.is_timer_thread(self.pid, sample, code)):
+            self.timer_tids.add(tid)
+            return _TIMER_THREAD
+        return None
 
     def _earlier(self, now: float) -> tuple[dict[int, ThreadSample], float]:
         """The sample about one window ago, taken during the stall, and the seconds since."""
@@ -522,10 +738,17 @@ class Watcher:
                 "it is a background job of its terminal: touching the terminal stops it (SIGTTIN/SIGTTOU); "
                 "redirect stdin (< /dev/null) or run it in the foreground"
             )
-        return f"something stopped it (SIGSTOP, SIGTSTP or a debugger); kill -CONT {self.pid} resumes it"
+        from importwatch import outside
+
+        tracer = outside.tracer_pid(self.pid)
+        if tracer:
+            return (
+                f"pid {tracer} {outside.command_of(tracer)} is debugging it (ptrace): it goes on when freed"
+            )
+        return f"something stopped it (SIGSTOP or SIGTSTP); kill -CONT {self.pid} resumes it"
 
     def _mapped_lines(
-        self, pid: int, chain: list[Step], culprit: ThreadSample
+        self, pid: int, chain: list[Step], culprit: ThreadSample, code: outside.CodeRanges
     ) -> list[tuple[str, str, dict]]:
         from importwatch import outside
 
@@ -538,7 +761,6 @@ class Watcher:
         if new:
             names = ", ".join(os.path.basename(path) for path in new)
             lines.append(("outside", f"mapped since dlopen {load.name} began: {names}", {"mapped": new}))
-        code = outside.CodeRanges(pid)
         on_stack = outside.libraries_on_stack(pid, culprit, code)
         # The file in dlopen counts too: the watcher may read the maps only after dlopen mapped it.
         candidates = {*new, os.path.realpath(load.name), load.name}
