@@ -84,6 +84,12 @@ def _parser() -> argparse.ArgumentParser:
         action="extend",
         help="scan only these packages (names, or folders: a site folder or a package folder)",
     )
+    parser.add_argument(
+        "--watcher",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="a watcher process beside each traced import, as under the runner (default: on)",
+    )
     return parser
 
 
@@ -176,7 +182,13 @@ def _kill_group(process: subprocess.Popen) -> None:
 
 
 class _Watch:
-    """The outside view of a child while it runs: its main thread's state and CPU, sampled."""
+    """The outside view of a child while it runs: its main thread's state and CPU, sampled.
+
+    The child's own watcher may stop it for a moment with a debugger, to read its
+    native stacks: a look that finds it so is no verdict, and the CPU share is only
+    measured between two looks with no such stop in between (a busy thread stopped
+    would look idle).
+    """
 
     def __init__(self, pid: int) -> None:
         try:
@@ -185,18 +197,24 @@ class _Watch:
             outside = None
         self.outside = outside
         self.pid = pid
-        self.last = None  # (time, ThreadSample of the main thread)
+        self.last = None  # (time, ThreadSample of the main thread), since no stop of ours
         self.view: str | None = None
 
     def sample(self) -> None:
         outside = self.outside
-        now = time.monotonic()
-        if outside is None or (self.last is not None and now - self.last[0] < SAMPLE_INTERVAL):
+        if outside is None:
             return
         try:
+            if outside.traced_by_us(self.pid):
+                self.last = None  # the watcher's debugger holds it: the next share starts after it
+                return
+            now = time.monotonic()
+            if self.last is not None and now - self.last[0] < SAMPLE_INTERVAL:
+                return
             threads = outside.sample_threads(self.pid, detail=True)
             main = threads.get(self.pid)
-            if main is None:
+            if main is None or outside.traced_by_us(self.pid):
+                self.last = None
                 return
             share = outside.cpu_share(self.last[1], main, now - self.last[0]) if self.last else None
             self.last = (now, main)
@@ -312,6 +330,7 @@ def check_import(
     env: dict[str, str],
     torch: TorchFacts | None = None,
     modules: Sequence[str] = (),
+    watcher: bool = True,
 ) -> dict:
     """Import MODULE (or, when given, its MODULES: a package's extension modules, one after the other)
     in a fresh interpreter under the tracer; ok, failed or hung, and why."""
@@ -320,6 +339,7 @@ def check_import(
         log = os.path.join(folder, "trace.jsonl")
         errors = os.path.join(folder, "stderr.txt")
         command = [sys.executable, "-m", "importwatch", "--timeout", repr(timeout), "--exit-on-stall"]
+        command += [] if watcher else ["--no-watcher"]
         command += ["--log", log, "-c", "; ".join(f"import {name}" for name in modules)]
         with open(errors, "wb") as stderr:
             status, seconds, view = _run_child(
@@ -568,6 +588,7 @@ def diagnose(
     timeout: float = DEFAULT_TIMEOUT,
     packages: Sequence[str] | None = None,
     run_cuda: bool | None = None,
+    watcher: bool = True,
 ) -> dict:
     """Every fact and check of the doctor, as the JSON object --json prints."""
     environ = dict(os.environ)
@@ -622,7 +643,7 @@ def diagnose(
         planned = {"torch": ["torch"]} if torch is not None else {}
         planned.update(result.cuda_modules())
     env = _child_env(extra_path)
-    checks = [check_import(name, timeout, env, torch, modules) for name, modules in planned.items()]
+    checks = [check_import(name, timeout, env, torch, modules, watcher) for name, modules in planned.items()]
     report["imports"] = checks
     _import_problems(problems, checks, timeout)
 
@@ -777,7 +798,7 @@ def main(args: list[str]) -> int:
         return int(exit.code or 0)
     try:
         with TerminationAsInterrupt():
-            report = diagnose(imports, timeout, options.packages, options.cuda)
+            report = diagnose(imports, timeout, options.packages, options.cuda, options.watcher)
     except KeyboardInterrupt as stop:  # SIGINT, SIGTERM or SIGHUP
         # The child in flight was killed with its process group, its folder removed, on the way out.
         how, status = stop_status(stop)
