@@ -332,12 +332,12 @@ def _at_exit() -> None:
     """
     if _active is None:
         return
+    if _active.watchdog is not None:
+        _active.watchdog.stop()  # first: nothing of ours may fire while the exit waits in hush
     if _active.sink.feed is not None:
         from importwatch.sidecar import hush  # loaded already: it started the watcher
 
         hush(_active.sink)  # says `#exit` and keeps the watcher from writing after the exit
-    if _active.watchdog is not None:
-        _active.watchdog.stop()
 
 
 def active() -> Tracing | None:

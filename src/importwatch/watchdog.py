@@ -397,19 +397,23 @@ class Watchdog:
         share = self._cpu_share(culprit)
         busy = share is not None and share >= _BUSY
         debugger = _tracer() if share is None else 0
+        # The step may have ended while its CPU use was being looked at (see _on_progress).
+        ended = self._stalled.get(culprit, (None,))[0] is not top
         if busy:
+            used = min(share, 1.0)  # run-queue time and the clock's steps can add up to a little more
             sink.event(
                 "busy",
-                f"  busy, not stuck: {self.sink.thread_name(culprit)} used {share:.0%} of a CPU just now "
+                f"  busy, not stuck: {self.sink.thread_name(culprit)} used {used:.0%} of a CPU just now "
                 "(or waited for one); slow work such as CUDA JIT compiling PTX or a build ends by itself",
                 {"cpu": share},
             )
         self._thread_map()
         self._dump(b"Stacks of all threads (most recent call first):\n")
-        if self.exit_on_stall and not busy and debugger:
+        ends = self.exit_on_stall and not busy and not ended
+        if ends and debugger:
             text = f"--exit-on-stall does not end it: a debugger, pid {debugger}, is attached"
             sink.event("stall_context", f"  context: {text}", {"context": text})
-        elif self.exit_on_stall and not busy:
+        elif ends:
             sink.event("exit", "exiting with status 1 (--exit-on-stall)")
             if sink.feed is not None:
                 from importwatch.sidecar import hush  # loaded already: it started the watcher
