@@ -647,9 +647,12 @@ class Watcher:
         head = self._headline(overall, culprit_name, culprit, verdicts[culprit.tid][1], seconds, stat)
         lines.append(("outside", f"{head}; in flight: {culprit_name}: {chain}", {"verdict": overall}))
 
-        # Threads in flight first, then the rest; a long tail of idle threads is counted.
+        # Threads in flight first, then the rest, ours last; a long tail of idle threads is counted.
         code = outside.CodeRanges(pid)
-        order = sorted(current, key=lambda tid: (names.get(tid) not in chains, tid != pid, tid))
+        ours = {tid: self._ours(tid, names.get(tid), sample, code) for tid, sample in current.items()}
+        order = sorted(
+            current, key=lambda tid: (bool(ours[tid]), names.get(tid) not in chains, tid != pid, tid)
+        )
         for index, tid in enumerate(order):
             if index == _THREAD_LINES:
                 rest = [verdicts[t][0] for t in order[index:]]
@@ -657,10 +660,9 @@ class Watcher:
                 lines.append(("outside", f"{len(rest)} more threads: {summary}", {}))
                 break
             sample = current[tid]
-            ours = self._ours(tid, names.get(tid), sample, code)
-            if ours is not None:
+            if ours[tid]:
                 label = names.get(tid) or "faulthandler-timer"
-                lines.append(("outside", f"{label} (tid {tid}): {ours}", {"thread": label, "tid": tid}))
+                lines.append(("outside", f"{label} (tid {tid}): {ours[tid]}", {"thread": label, "tid": tid}))
                 continue
             label = names.get(tid) or f"thread-{tid}"
             what, share = verdicts[tid]
