@@ -310,8 +310,9 @@ def test_exit_on_stall_leaves_a_program_running_under_someones_debugger(tmp_path
         proc.wait_for("is debugging it: left as it is, not killed", 30)
         assert proc.process.poll() is None
     finally:
-        person.kill()  # a tracer that dies lets its tracee go
+        person.kill()
         person.wait()
+    os.kill(pid, signal.SIGCONT)  # a debugger killed may leave its tracee stopped
     # Free again: the next stall report ends it, as --exit-on-stall asks.
     assert proc.finish() == 1, proc.stderr
     lines = outside_lines(proc.stderr)

@@ -213,7 +213,12 @@ class _Watch:
                 return
             threads = outside.sample_threads(self.pid, detail=True)
             main = threads.get(self.pid)
-            if main is None or outside.traced_by_us(self.pid):
+            tracer = outside.tracer_pid(self.pid)
+            # Stopped by a debugger that is ours now, or gone since: the watcher's, letting go.
+            ours = outside.traced_by_us(self.pid, tracer) or (
+                main is not None and main.state == "t" and not tracer
+            )
+            if main is None or ours:
                 self.last = None
                 return
             share = outside.cpu_share(self.last[1], main, now - self.last[0]) if self.last else None

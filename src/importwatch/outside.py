@@ -82,13 +82,16 @@ _F_SETLKW = (7, 38)  # F_SETLKW, F_OFD_SETLKW: waits for a record lock
 class ThreadSample:
     """One look at one thread: its state, CPU time so far (in clock ticks), wait channel, syscall."""
 
-    __slots__ = ("comm", "cpu", "state", "syscall", "tid", "wchan")
+    __slots__ = ("comm", "cpu", "demand", "state", "syscall", "tid", "wchan")
 
     def __init__(self, tid: int, comm: str, state: str, cpu: int) -> None:
         self.tid = tid
         self.comm = comm
         self.state = state
         self.cpu = cpu
+        # Seconds it ran or waited in the run queue (schedstat): on a loaded machine a spinning
+        # thread gets a fraction of a CPU, yet is never waiting for anything else.
+        self.demand: float | None = None
         self.wchan = ""
         self.syscall: list[int] | None = None  # [nr, arg1..arg6, sp, pc]; None when unknown or running
 
@@ -147,12 +150,22 @@ def sample_threads(pid: int, detail: bool = False) -> dict[int, ThreadSample]:
             sample = ThreadSample(tid, comm, fields[0].decode(), int(fields[11]) + int(fields[12]))
         except (IndexError, ValueError):
             continue
+        sample.demand = _demand(f"{base}/schedstat")
         if detail:
             wchan = _read(f"{base}/wchan") or b""
             sample.wchan = "" if wchan in (b"0", b"") else wchan.decode("ascii", "replace")
             sample.syscall = _read_syscall(f"{base}/syscall")
         samples[tid] = sample
     return samples
+
+
+def _demand(path: str) -> float | None:
+    data = _read(path)
+    try:
+        run, wait = (data or b"").split()[:2]
+        return (int(run) + int(wait)) / 1e9
+    except ValueError:
+        return None
 
 
 def _read_syscall(path: str) -> list[int] | None:
@@ -166,9 +179,12 @@ def _read_syscall(path: str) -> list[int] | None:
 
 
 def cpu_share(before: ThreadSample | None, after: ThreadSample, seconds: float) -> float | None:
-    """Share of one CPU the thread used between two samples; None without an earlier sample."""
+    """Share of one CPU the thread used (or waited in the run queue for) between two samples; None
+    without an earlier sample."""
     if before is None or seconds <= 0:
         return None
+    if before.demand is not None and after.demand is not None:
+        return min((after.demand - before.demand) / seconds, 1.0)
     return (after.cpu - before.cpu) / _TICKS / seconds
 
 

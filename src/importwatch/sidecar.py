@@ -442,7 +442,10 @@ class Watcher:
         deciding = verdict == outside.BUSY and self.exit_on_stall and not self.busy_told
         if verdict in (outside.WAITING, outside.BUSY) and not deciding:
             self._stacks()  # last, as a debugger takes a while: the lines above are out already
-        if self.exit_on_stall and self.reports and verdict in (outside.WAITING, outside.STOPPED):
+        # Never a program whose own watchdog has found the thread busy: from here a thread waiting
+        # for the GIL on a loaded machine can look idle.
+        ends = verdict in (outside.WAITING, outside.STOPPED) and not self.busy_told
+        if self.exit_on_stall and self.reports and ends:
             self._end_stalled(verdict)
 
     def _say(self, lines: list[tuple[str, str, dict]]) -> bool:
