@@ -122,7 +122,8 @@ def doctor(folder: Path, name: str, timeout: str, watcher: str) -> dict:
     done = subprocess.run(
         [sys.executable, "-m", "importwatch", "doctor", "--import", name, "--timeout", timeout,
          "--no-cuda", "--json", watcher],
-        cwd=folder, env=clean_env(), stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=90,
+        env=clean_env(PYTHONPATH=str(folder)), stdin=subprocess.DEVNULL, capture_output=True, text=True,
+        timeout=90,
     )  # fmt: skip
     assert done.returncode in (0, 1), done.stderr
     (check,) = json.loads(done.stdout)["imports"]
