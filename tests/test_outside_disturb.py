@@ -150,7 +150,8 @@ def test_doctor_lets_a_busy_import_finish(tmp_path, watcher):
 def test_doctor_sees_a_stopped_import_as_stopped(tmp_path, watcher):
     check = doctor(module(tmp_path, "stops", STOP), "stops", "1.5", watcher)
     assert check["status"] == "hung"
-    assert check["outside"].startswith("stopped: main thread stopped"), check
+    # Doctor's own look, or, if a loaded machine kept it from looking in time, the watcher's.
+    assert check["outside"].startswith("stopped: "), check
 
 
 # -- 3. no line after the program's exit --------------------------------------------------------
