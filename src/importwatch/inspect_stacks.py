@@ -15,7 +15,6 @@ import os
 import subprocess
 
 from importwatch import outside
-from importwatch.inspect_target import tracer_pid
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -71,7 +70,7 @@ class Stacks:
 
 def held(pid: int) -> str | None:
     """Why no debugger may attach to PID without changing it (stopped, or held by another); else None."""
-    tracer = tracer_pid(pid)
+    tracer = outside.tracer_pid(pid)
     if tracer and tracer != os.getpid():
         return f"pid {tracer} ({outside.command_of(tracer)}) is debugging it"
     stat = outside.process_stat(pid)

@@ -1,5 +1,5 @@
-"""The process inspect looks at, as /proc tells it: command line, environment, folders, owner, its
-debugger, when it started and when its threads last ran, the shared objects it has mapped."""
+"""The process inspect looks at, as /proc tells it: command line, environment, folders, owner, when
+it started and when its threads last ran, the shared objects it has mapped."""
 
 from __future__ import annotations
 
@@ -66,15 +66,6 @@ def owner(pid: int) -> str:
         return f" (owned by {pwd.getpwuid(uid).pw_name})"
     except (ImportError, KeyError):
         return f" (owned by uid {uid})"
-
-
-def tracer_pid(pid: int) -> int:
-    """The pid of the debugger (ptrace) attached to PID, 0 when none."""
-    for line in (outside.read_file(f"/proc/{pid}/status") or b"").splitlines():
-        if line.startswith(b"TracerPid:"):
-            value = line.split()[1:]
-            return int(value[0]) if value and value[0].isdigit() else 0
-    return 0
 
 
 def started(stat: outside.ProcessStat | None) -> float | None:
