@@ -305,6 +305,25 @@ def test_the_watcher_masks_secrets_in_other_processes_command_lines(tmp_path: Pa
     assert_no_secret(done.stderr)
 
 
+@pytest.mark.timeout(120)
+def test_inspect_masks_secrets_in_the_command_line_it_reports(tmp_path: Path) -> None:
+    sleeper = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; print('up', flush=True); time.sleep(120)", *SECRET_ARGS],
+        stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    try:
+        assert sleeper.stdout is not None and sleeper.stdout.readline() == b"up\n"
+        text = importwatch("inspect", "--no-native", str(sleeper.pid), cwd=tmp_path)
+        as_json = importwatch("inspect", "--no-native", "--json", str(sleeper.pid), cwd=tmp_path)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    for done in (text, as_json):
+        assert done.returncode in (0, 1), done.stdout + done.stderr
+        assert_no_secret(done.stdout + done.stderr)
+    assert json.loads(as_json.stdout)["cmdline"][-len(MASKED_ARGV) :] == MASKED_ARGV
+
+
 def test_doctor_masks_secrets_in_its_environment_dump(tmp_path: Path) -> None:
     env = clean_env(**SECRET_ENV)
     for extra in ([], ["--json"]):

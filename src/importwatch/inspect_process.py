@@ -15,6 +15,7 @@ import sys
 import time
 
 from importwatch import cuda, dists, inspect_target, outside
+from importwatch.banner import mask_argv
 from importwatch.inspect_analysis import holders, import_state, load_of
 from importwatch.inspect_libraries import find_torch_for, library_facts
 from importwatch.inspect_python import interpreter_facts, search_path, version_from_maps
@@ -159,9 +160,12 @@ def inspect(pid: int, native: bool = True) -> dict:
     libraries = _libraries(threads, torch, driver)
     problems = hang_problems(pid, threads, target.stat, samples)
     problems += [f"! {text}" for lib in libraries for text in lib["verdicts"]]
+    # A report is pasted into tickets: secret-looking values are masked there too, the rerun
+    # commands included (the person rerunning types the secret back in).
+    cmdline = mask_argv(target.cmdline)
     return {
         "pid": pid,
-        "cmdline": target.cmdline,
+        "cmdline": cmdline,
         "exe": target.exe,
         "interpreter": target.interpreter,
         "cwd": target.cwd,
@@ -176,7 +180,7 @@ def inspect(pid: int, native: bool = True) -> dict:
         "libraries": libraries,
         "problems": problems,
         "unseen": unseen,
-        "rerun": rerun_commands(target.cmdline, target.cwd, target.interpreter, target.search),
+        "rerun": rerun_commands(cmdline, target.cwd, target.interpreter, target.search),
     }
 
 
