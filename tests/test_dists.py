@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from cbuild import FIXTURES, compile_extension, compile_shared, dist_info, stand_in_torch
-from conftest import clean_env
+from conftest import clean_env, importwatch
 from importwatch import dists
 
 CUDA = FIXTURES / "cuda"
@@ -251,3 +251,13 @@ def test_real_torchvision_wheel_is_named_by_its_pin(torchvision_site: Path) -> N
     texts = [problem["problem"] for problem in report["problems"]]
     assert f"torchvision 0.22.1 requires torch==2.7.1 but torch {facts.version} is installed" in texts, texts
     assert doctor.returncode == 1
+
+
+@pytest.mark.torch
+def test_torch_s_own_extensions_are_never_looked_up_in_the_metadata() -> None:
+    """torch pins no torch: reading its 14,000-line RECORD would only slow `import torch` down."""
+    pytest.importorskip("torch")
+    code = "import sys, torch; print('importwatch.dists' in sys.modules)"
+    done = importwatch("-c", code, timeout=180)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout == "False\n"
