@@ -16,7 +16,8 @@ in a fresh copy of the unpacked sources:
 Outcomes are read from pytest's JUnit XML. The script prints, per suite, the number of tests, the
 differences from the plain run and the wall time of each mode, then every test id whose outcome
 differs, with the first line of its message. Exit status: 0 when every mode matches the plain
-run, 1 when any outcome differs (or a run ended without its XML), 2 for bad usage.
+run, 1 when any outcome differs (or a run ended without its XML), 2 for bad usage, 3 when a suite
+could not be fetched or installed (one line says which).
 Each run's output and XML stay under CACHE/work/SUITE/MODE/ until the next run, to find causes.
 """
 
@@ -73,8 +74,17 @@ def log(message: str) -> None:
     print(f"fidelity: {message}", file=sys.stderr, flush=True)
 
 
+SETUP_FAILED = 3
+
+
+class SetupError(Exception):
+    """A suite could not be fetched or installed: not a difference in outcomes."""
+
+
 def pip(python: Path, *args: str) -> None:
-    subprocess.run([str(python), "-m", "pip", "-q", "--disable-pip-version-check", *args], check=True)
+    command = [str(python), "-m", "pip", "-q", "--disable-pip-version-check", *args]
+    if subprocess.run(command).returncode != 0:
+        raise SetupError(f"pip failed: {' '.join(command[1:])}")
 
 
 def fetch(name: str, suite: Suite, cache: Path) -> Path:
@@ -87,14 +97,19 @@ def fetch(name: str, suite: Suite, cache: Path) -> Path:
     found = [path for path in sdists.glob("*.tar.gz") if path.name.lower() in names]
     if not found:
         log(f"downloading {suite.requirement}")
-        subprocess.run(
-            [sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check",
-             "--no-binary", ":all:", "--no-deps", "-d", str(sdists), suite.requirement],
-            check=True,
-        )  # fmt: skip
+        pip(
+            Path(sys.executable),
+            "download",
+            "--no-binary",
+            ":all:",
+            "--no-deps",
+            "-d",
+            str(sdists),
+            suite.requirement,
+        )
         found = [path for path in sdists.glob("*.tar.gz") if path.name.lower() in names]
     if not found:
-        raise SystemExit(f"fidelity: pip download of {suite.requirement} gave no {names[0]}")
+        raise SetupError(f"pip download of {suite.requirement} gave no {names[0]}")
     return found[0]
 
 
@@ -120,7 +135,8 @@ def prepare(name: str, suite: Suite, sdist: Path, cache: Path) -> Path:
     if not (stamp.exists() and stamp.read_text() == wanted):
         log(f"making the venv for {name}")
         shutil.rmtree(venv, ignore_errors=True)
-        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        if subprocess.run([sys.executable, "-m", "venv", str(venv)]).returncode != 0:
+            raise SetupError(f"could not make a venv at {venv}")
         source = unpack(sdist, cache / "build" / name)
         pip(python, "install", *(str(source) + d[1:] if d.startswith(".") else d for d in suite.deps))
         shutil.rmtree(cache / "build" / name, ignore_errors=True)
@@ -231,8 +247,12 @@ def main() -> int:
     failed = False
     for name in options.suites or list(SUITES):
         suite = SUITES[name]
-        sdist = fetch(name, suite, cache)
-        python = prepare(name, suite, sdist, cache)
+        try:
+            sdist = fetch(name, suite, cache)
+            python = prepare(name, suite, sdist, cache)
+        except SetupError as error:
+            log(f"{name}: {error}")
+            return SETUP_FAILED
         runs = {mode: run_mode(mode, name, suite, sdist, python, work, options.limit) for mode in modes}
         plain = runs["plain"]
         cells = []
