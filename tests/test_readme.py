@@ -89,6 +89,8 @@ def test_readme_sample_has_the_shape_of_the_demo_output(doctor: bool) -> None:
     shown = [line for line in sample if line.strip() != "..."]
     for outside in (False, True):
         missing = missing_in_order(stream(shown, outside), stream(real, outside))
-        assert not missing, "README sample lines not in the demo's output (in this order):\n" + "\n".join(
-            missing
+        assert not missing, (
+            f"README sample lines (as shapes) not in this order in the output of `python "
+            f"demo/stuck_job.py{' --doctor' if doctor else ''}`: copy the sample again from a real run:\n"
+            + "\n".join(missing)
         )
