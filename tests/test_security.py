@@ -443,6 +443,13 @@ def test_doctor_still_imports_from_a_relative_pythonpath(tmp_path: Path) -> None
 
 
 # -- 7. SIGTERM and SIGHUP clean up as SIGINT does -------------------------------------------------------
+def _default_signals() -> None:
+    """As a command typed at a terminal gets them: a run under nohup, or in a shell's background
+    job, inherits SIGHUP or SIGINT ignored, and an ignored signal rightly stays ignored."""
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
 @pytest.mark.parametrize("command", ["bisect", "doctor"])
 def test_a_signal_kills_the_try_in_flight_and_removes_the_temporary_folder(
@@ -467,6 +474,7 @@ def test_a_signal_kills_the_try_in_flight_and_removes_the_temporary_folder(
     process = subprocess.Popen(
         [sys.executable, "-m", "importwatch", *args], cwd=tmp_path, env=env, stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        preexec_fn=_default_signals,
     )  # fmt: skip
     try:
         assert _wait_for(started.exists, 40), "the try did not start"
