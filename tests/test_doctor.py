@@ -12,13 +12,12 @@ from pathlib import Path
 import pytest
 
 from cbuild import FIXTURES, compile_extension, compile_shared, stand_in_torch
-from conftest import clean_env
+from helpers import clean_env
 from importwatch import doctor, scan
 
 CUDA = FIXTURES / "cuda"
 HANG = FIXTURES / "hang"
 DOCTOR = FIXTURES / "doctor"
-TV_SITE = Path("/tmp/tv/lib/python3.11/site-packages")
 
 
 def run_doctor(*args: str, timeout: float = 60, **env: str) -> subprocess.CompletedProcess:
@@ -249,7 +248,7 @@ def test_a_gpu_without_native_code_in_an_extension_is_a_problem(tmp_path: Path) 
     found = doctor.architecture_checks([{"index": 0, "capability": [9, 0]}], [lib])
     assert found == [{"path": str(path), "gpu": "sm_90", "runs": "jit", "carries": ["sm_70", "compute_70"]}]
     problems: list[dict] = []
-    doctor._cuda_problems(problems, {"status": "ok", "available": True, "architectures": found}, None)
+    doctor._cuda_problems(problems, {"status": "ok", "available": True, "architectures": found})
     assert "carries no code for sm_90 (sm_70, compute_70)" in problems[0]["problem"]
     assert "compiled from PTX on first use" in problems[0]["problem"]
 

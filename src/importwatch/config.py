@@ -67,11 +67,6 @@ class Settings:
         )
 
 
-def is_on(environ: dict[str, str] | os._Environ[str] = os.environ) -> bool:
-    """True when IMPORTWATCH asks for tracing: set to anything but an off word (empty, 0, no, false, off)."""
-    return environ.get(ENV_ON, "").strip().lower() not in _FALSE
-
-
 def parse_timeout(text: str, source: str) -> float:
     """Seconds as a float: 0 (the watchdog off), or from MIN_TIMEOUT to MAX_TIMEOUT."""
     try:

@@ -458,16 +458,6 @@ _CUDA_SYMBOLS = (
     "nccl",
     "nvrtc",
 )
-_CUDA_DRIVER_SYMBOLS = (
-    "cuInit",
-    "cuDevice",
-    "cuCtx",
-    "cuModule",
-    "cuLaunch",
-    "cuMem",
-    "cuStream",
-    "cuGetProc",
-)
 
 
 def explain_load_error(message: str, path: str | None = None, torch: TorchFacts | None = None) -> str | None:

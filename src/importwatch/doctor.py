@@ -191,10 +191,8 @@ class _Watch:
     """
 
     def __init__(self, pid: int) -> None:
-        try:
-            from importwatch import outside
-        except ImportError:  # pragma: no cover  (outside.py ships with importwatch)
-            outside = None
+        from importwatch import outside
+
         self.outside = outside
         self.pid = pid
         self.last = None  # (time, ThreadSample of the main thread), since no stop of ours
@@ -202,8 +200,6 @@ class _Watch:
 
     def sample(self) -> None:
         outside = self.outside
-        if outside is None:
-            return
         try:
             if outside.traced_by_us(self.pid):
                 self.last = None  # the watcher's debugger holds it: the next share starts after it
@@ -532,7 +528,7 @@ def _import_problems(problems: list[dict], checks: Sequence[dict], timeout: floa
             _problem(problems, text, fix)
 
 
-def _cuda_problems(problems: list[dict], checks: dict, asked: bool | None) -> None:
+def _cuda_problems(problems: list[dict], checks: dict) -> None:
     if checks.get("status") == "skipped":
         return
     if checks["status"] == "hung":
@@ -662,7 +658,7 @@ def diagnose(
             cuda_checks.get("devices", []), result.cuda_libraries
         )
     report["cuda_checks"] = cuda_checks
-    _cuda_problems(problems, cuda_checks, run_cuda)
+    _cuda_problems(problems, cuda_checks)
 
     report["problems"] = problems
     report["ok"] = not problems

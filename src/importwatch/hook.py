@@ -292,11 +292,6 @@ class Tracer:
 
     # -- helpers -------------------------------------------------------------
 
-    def top(self) -> Frame | None:
-        """The innermost import in flight on the calling thread."""
-        stack = self.stacks.get(_thread.get_ident())
-        return stack[-1] if stack else None
-
     def in_flight(self) -> dict[int, list[Frame]]:
         """A snapshot of the chains in flight, per thread ident."""
         return {ident: list(stack) for ident, stack in list(self.stacks.items()) if stack}

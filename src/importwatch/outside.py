@@ -19,10 +19,6 @@ import struct
 import subprocess
 import time
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from collections.abc import Iterable
-
 STATES = {
     "R": "running",
     "S": "sleeping",
@@ -826,13 +822,3 @@ def alive(pid: int, start: int | None = None) -> bool:
     """True while PID exists and is not a zombie (and, given START, is the same process)."""
     stat = process_stat(pid)
     return stat is not None and stat.state not in "ZX" and (start is None or stat.start == start)
-
-
-def short_path(path: str) -> str:
-    """The last two components: fastkern/_kernels.cpython-311-x86_64-linux-gnu.so."""
-    return "/".join(path.rstrip("/").split("/")[-2:])
-
-
-def plural(items: Iterable[object], word: str) -> str:
-    count = len(list(items))
-    return f"{count} {word}{'' if count == 1 else 's'}"
