@@ -4,7 +4,7 @@
 
 Prints the first (cold cache, if the files were not read lately) and the median of the
 following runs, with what the scan looked at. Run it with the interpreter whose packages
-matter, e.g. /tmp/tv/bin/python (torch 2.13.0 CPU installed).
+matter, e.g. the one torch is installed for.
 """
 
 from __future__ import annotations

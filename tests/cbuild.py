@@ -70,7 +70,7 @@ def compile_extension(
 ) -> Path:
     """The CPython extension MODULE_NAME (dotted names make packages) under OUT_DIR, for this interpreter.
 
-    The file is NAME.cpython-XY-...so after sysconfig's EXT_SUFFIX. As in conftest, the source gets
+    The file is NAME.cpython-XY-...so after sysconfig's EXT_SUFFIX. The source gets
     the macros MODULE_NAME (the dotted name, a string) and MODULE_SYMBOL (the last part, for PyInit_).
     """
     suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"

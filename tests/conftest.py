@@ -1,26 +1,19 @@
-"""Shared helpers: run importwatch as a user does, in a subprocess, and build the C fixtures."""
+"""Shared fixtures: the hang fixtures compiled once per session, and programs started in the background.
+
+Plain helper functions live in helpers.py and the C builds in cbuild.py; tests import them from there.
+"""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from cbuild import compile_extension, compile_shared
-
-__all__ = ["compile_extension", "compile_shared"]
-
-ROOT = Path(__file__).resolve().parent.parent
-FIXTURES = ROOT / "fixtures"
+from cbuild import FIXTURES, compile_extension, compile_shared
+from helpers import Running, clean_env
 
 
 # -- compiled fixtures ---------------------------------------------------------------
-# compile_extension and compile_shared live in cbuild.py; tests import them from here or there.
 @pytest.fixture(scope="session")
 def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A folder on which the hang fixtures are compiled once per session."""
@@ -31,79 +24,6 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     compile_extension(hang / "crashing_ext.c", out, "crashext")
     compile_shared(hang / "blocking_lib.c", out / "libblocking.so")
     return out
-
-
-# -- running importwatch ----------------------------------------------------------------
-# What the developer's own environment may hold that would change what a traced process does:
-# our variables, a distributed job's (a rank prefixes every line), and where torch builds extensions.
-_NOT_PASSED_ON = (
-    "IMPORTWATCH",
-    "RANK",
-    "LOCAL_RANK",
-    "WORLD_SIZE",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "TORCH_EXTENSIONS_DIR",
-)
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    """The environment minus what would change a traced process (see _NOT_PASSED_ON), plus EXTRA."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(_NOT_PASSED_ON)}
-    env.pop("PYTHONPATH", None)
-    env.update(extra)
-    return env
-
-
-def importwatch(*args: str, **kwargs) -> subprocess.CompletedProcess:
-    """Run `python -m importwatch ARGS` to completion, text output captured."""
-    kwargs.setdefault("env", clean_env())
-    kwargs.setdefault("capture_output", True)
-    kwargs.setdefault("text", True)
-    kwargs.setdefault("timeout", 60)
-    return subprocess.run([sys.executable, "-m", "importwatch", *args], **kwargs)
-
-
-class Running:
-    """A process started in the background whose stderr goes to a file we can poll."""
-
-    def __init__(self, command: list[str], tmp_path: Path, env: dict[str, str], cwd: Path | None = None):
-        self.stderr_path = tmp_path / f"stderr-{time.monotonic_ns()}.txt"
-        self._stderr = open(self.stderr_path, "wb")  # noqa: SIM115  (closed in finish)
-        self.started = time.monotonic()
-        self.process = subprocess.Popen(
-            command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self._stderr,
-            env=env, cwd=cwd, start_new_session=True,
-        )  # fmt: skip
-
-    @property
-    def stderr(self) -> str:
-        return self.stderr_path.read_text(errors="replace")
-
-    def wait_for(self, text: str, timeout: float) -> float:
-        """Seconds from start until TEXT appeared on stderr; fails after TIMEOUT."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if text in self.stderr:
-                return time.monotonic() - self.started
-            if self.process.poll() is not None and text not in self.stderr:
-                break
-            time.sleep(0.02)
-        pytest.fail(f"{text!r} did not appear within {timeout} s; stderr:\n{self.stderr}")
-
-    def kill(self) -> int:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGKILL)
-        return self.finish()
-
-    def finish(self, timeout: float = 30) -> int:
-        try:
-            code = self.process.wait(timeout)
-        finally:
-            self._stderr.close()
-            if self.process.stdout:
-                self.process.stdout.close()
-        return code
 
 
 @pytest.fixture
@@ -119,8 +39,3 @@ def start(tmp_path: Path):
     yield _start
     for proc in running:
         proc.kill()
-
-
-def traced(*args: str) -> list[str]:
-    """The command line of `python -m importwatch ARGS`."""
-    return [sys.executable, "-m", "importwatch", *args]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, clean_env
+from helpers import ROOT, clean_env
 
 pytestmark = pytest.mark.timeout(300)
 

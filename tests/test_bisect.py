@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from cbuild import FIXTURES, compile_extension, compile_shared
-from conftest import clean_env
+from helpers import clean_env
 
 pytestmark = pytest.mark.timeout(60)
 

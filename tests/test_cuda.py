@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import subprocess
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from cbuild import FIXTURES, compile_extension, compile_shared, stand_in_torch
+from helpers import torch_dir
 from importwatch.cuda import (
     NVIDIA_PROC,
     TorchFacts,
@@ -26,7 +28,7 @@ from importwatch.cuda import (
 from importwatch.elf import read_dynamic
 
 CUDA = FIXTURES / "cuda"
-SITE = Path("/tmp/tv/lib/python3.11/site-packages")
+TORCH = torch_dir()  # the torch this interpreter would import, if any
 NO_LIBRARY_PATH: dict[str, str] = {}  # find_torch's environ when LD_LIBRARY_PATH must not count
 
 
@@ -322,11 +324,13 @@ def test_missing_libraries_name_what_ships_them() -> None:
 
 
 @pytest.mark.torch
-@pytest.mark.skipif(not (SITE / "torch").is_dir(), reason="the real torch is not at /tmp/tv")
+@pytest.mark.skipif(TORCH is None, reason="torch is not installed for this interpreter")
 def test_real_torch_is_a_cpu_build() -> None:
-    facts = find_torch([str(SITE)])
-    assert facts.version.split("+")[0] == "2.13.0"
+    assert TORCH is not None
+    facts = find_torch([str(TORCH.parent)])
+    assert facts is not None and facts.path == str(TORCH)
+    assert facts.version.split("+")[0] == importlib.metadata.version("torch").split("+")[0]
     assert facts.cuda is None and facts.build == "CPU build, no CUDA"
     line = describe_torch(facts, driver_version(), gpus())
-    assert line.startswith(f"torch {facts.version} (CPU build, no CUDA) at {SITE / 'torch'}; driver: ")
+    assert line.startswith(f"torch {facts.version} (CPU build, no CUDA) at {TORCH}; driver: ")
     assert "CUDA runtime" not in line  # a CPU build uses none, whatever /usr/local/cuda holds

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import clean_env
+from helpers import clean_env
 from importwatch.blocking import Rendezvous
 from importwatch.events import parse_line
 

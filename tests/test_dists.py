@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from cbuild import FIXTURES, compile_extension, compile_shared, dist_info, stand_in_torch
-from conftest import clean_env, importwatch
+from helpers import clean_env, importwatch
 from importwatch import dists
 
 CUDA = FIXTURES / "cuda"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import clean_env, importwatch, traced
+from helpers import clean_env, importwatch, traced
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import clean_env
+from helpers import clean_env
 
 MODES = ("plain", "runner", "variable")
 

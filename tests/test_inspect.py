@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from cbuild import FIXTURES, compile_extension, compile_shared, dist_info, stand_in_torch
-from conftest import clean_env
+from helpers import clean_env
 
 HANG = FIXTURES / "hang"
 OUTSIDE = FIXTURES / "outside"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from cbuild import FIXTURES, compile_shared
-from conftest import clean_env
+from helpers import clean_env, importwatch
 
 CUDA = FIXTURES / "cuda"
 pytestmark = pytest.mark.timeout(60)
@@ -72,8 +72,6 @@ def test_each_load_lists_what_came_with_it(libs: dict[str, Path]) -> None:
 
 
 def test_a_traced_load_lists_what_its_constructor_opened(libs: dict[str, Path]) -> None:
-    from conftest import importwatch
-
     code = f"import ctypes\nctypes.CDLL({str(libs['opener'])!r})\n"
     result = importwatch("-c", code, env=clean_env(OPENER_LOADS=str(libs["opened"])))
     assert result.returncode == 0, result.stderr

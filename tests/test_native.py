@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from cbuild import compile_extension, compile_shared, stand_in_torch
-from conftest import FIXTURES, clean_env, importwatch
+from cbuild import FIXTURES, compile_extension, compile_shared, stand_in_torch
+from helpers import clean_env, importwatch, traced
 
 pytestmark = pytest.mark.timeout(60)
 CUDA = FIXTURES / "cuda"
@@ -133,8 +133,6 @@ def test_real_torch_lists_its_native_loads_and_what_torch_c_pulled_in(tmp_path: 
 def test_hang_in_a_dependency_names_the_extension_and_what_it_mapped(
     kernels: Path, tmp_path: Path, start
 ) -> None:
-    from conftest import traced
-
     blocking = compile_shared(FIXTURES / "hang" / "blocking_lib.c", tmp_path / "deps" / "libblocking.so")
     runtime = kernels / "cuda-11.0" / "libcudart.so.11.0"
     compile_extension(CUDA / "kernels.c", tmp_path / "site", "depkern._kernels", libs=[runtime, blocking])

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FIXTURES, clean_env, compile_extension, compile_shared, importwatch, traced
+from cbuild import FIXTURES, compile_extension, compile_shared
+from helpers import clean_env, importwatch, traced
 from importwatch import outside
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")

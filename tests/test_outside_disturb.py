@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FIXTURES, clean_env, compile_shared, traced
+from cbuild import FIXTURES, compile_shared
+from helpers import clean_env, traced
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 needs_gdb = pytest.mark.skipif(shutil.which("gdb") is None, reason="gdb is not installed")

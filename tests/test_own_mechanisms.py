@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import clean_env
+from helpers import clean_env
 from test_fork_fidelity import MODES, run, side_by_side, write
 
 

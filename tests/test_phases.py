@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import clean_env, importwatch
+from helpers import clean_env, importwatch
 from importwatch.events import parse_line
 
 # Variables that would change what a traced child does; every test starts without them.

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import clean_env, importwatch
+from helpers import clean_env, importwatch
 from importwatch.events import parse_line
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import clean_env
+from helpers import clean_env
 
 pytestmark = pytest.mark.timeout(120)
 

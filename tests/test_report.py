@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FIXTURES, clean_env, compile_extension
+from cbuild import FIXTURES, compile_extension
+from helpers import clean_env
 
 LOGS = FIXTURES / "logs"
 REPORT = [sys.executable, "-m", "importwatch", "report"]

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from cbuild import FIXTURES, compile_extension, compile_shared, stand_in_torch
-from conftest import ROOT, clean_env
+from helpers import ROOT, clean_env
 from test_report import hung_program, report, run_until_stalled
 
 FORMATS = ("summary", "tree", "importtime", "chrome")

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import clean_env, importwatch
+from helpers import clean_env, importwatch
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import traced
+from helpers import clean_env, importwatch, traced
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -67,8 +67,6 @@ def test_ctypes_library_whose_constructor_blocks(built: Path, tmp_path: Path, st
 
 
 def test_extension_crash_is_logged_with_the_import_in_flight(built: Path, tmp_path: Path) -> None:
-    from conftest import clean_env, importwatch
-
     log = _log_of(tmp_path)
     result = importwatch("--log", str(log), "-c", "import crashext", env=clean_env(PYTHONPATH=str(built)))
     assert result.returncode == -signal.SIGSEGV
@@ -88,8 +86,6 @@ def _package(tmp_path: Path, files: dict[str, str]) -> Path:
 
 
 def test_pure_python_stall_reports_the_chain_and_resumes(tmp_path: Path) -> None:
-    from conftest import clean_env, importwatch
-
     root = _package(
         tmp_path,
         {
@@ -111,8 +107,6 @@ def test_pure_python_stall_reports_the_chain_and_resumes(tmp_path: Path) -> None
 
 
 def test_two_threads_importing_at_once_are_both_named(tmp_path: Path) -> None:
-    from conftest import clean_env, importwatch
-
     root = _package(
         tmp_path,
         {
@@ -139,8 +133,6 @@ def test_waits_for_import_locks_name_the_lock(tmp_path: Path) -> None:
     Each of two threads waits for the other's lock in turn: the report tells
     finding from waiting, and which thread holds a module lock.
     """
-    from conftest import clean_env, importwatch
-
     code = (
         "import importlib.machinery, sys, threading, time\n"
         "class Slow:\n"
@@ -190,8 +182,6 @@ def test_the_first_import_after_a_quiet_spell_is_watched_even_if_it_holds_the_gi
 
 
 def test_exit_on_stall_ends_with_status_1(built: Path) -> None:
-    from conftest import clean_env, importwatch
-
     result = importwatch(
         "--timeout", "1", "--exit-on-stall", "-c", "import hangext", env=clean_env(PYTHONPATH=str(built))
     )
@@ -200,8 +190,6 @@ def test_exit_on_stall_ends_with_status_1(built: Path) -> None:
 
 
 def test_exit_on_stall_gil_free(tmp_path: Path) -> None:
-    from conftest import clean_env, importwatch
-
     root = _package(tmp_path, {"forever.py": "import time\ntime.sleep(600)\n"})
     result = importwatch(
         "--timeout", "1", "--exit-on-stall", "-c", "import forever", env=clean_env(PYTHONPATH=str(root))
@@ -221,8 +209,6 @@ def test_sigusr1_dumps_stacks_on_demand(tmp_path: Path, start) -> None:
 
 
 def test_sigusr1_left_alone_when_program_has_a_handler(tmp_path: Path) -> None:
-    from conftest import importwatch
-
     code = (
         "import os, signal\n"
         "signal.signal(signal.SIGUSR1, lambda *a: print('mine'))\n"
@@ -233,8 +219,6 @@ def test_sigusr1_left_alone_when_program_has_a_handler(tmp_path: Path) -> None:
 
 
 def test_watchdog_off_with_timeout_zero(tmp_path: Path) -> None:
-    from conftest import clean_env, importwatch
-
     root = _package(tmp_path, {"nap.py": "import time\ntime.sleep(1.2)\n"})
     result = importwatch("--timeout", "0", "-c", "import nap", env=clean_env(PYTHONPATH=str(root)))
     assert result.returncode == 0 and "STALL" not in result.stderr and "< nap" in result.stderr
@@ -242,8 +226,6 @@ def test_watchdog_off_with_timeout_zero(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(sys.platform != "linux", reason="Linux only")
 def test_resumed_after_gil_held_stall(built: Path) -> None:
-    from conftest import clean_env, importwatch
-
     env = clean_env(PYTHONPATH=str(built), HANG_SECONDS="2")
     result = importwatch("--timeout", "1", "-c", "import hangext", env=env)
     assert result.returncode == 0, result.stderr
@@ -252,8 +234,6 @@ def test_resumed_after_gil_held_stall(built: Path) -> None:
 
 
 def test_busy_import_is_slow_not_stuck_and_not_ended(tmp_path: Path) -> None:
-    from conftest import clean_env, importwatch
-
     root = _package(
         tmp_path,
         {"spin.py": "import time\nend = time.monotonic() + 2.2\nwhile time.monotonic() < end:\n    pass\n"},

@@ -1,0 +1,102 @@
+"""Plain helpers the tests share: run importwatch as a user does, in a subprocess, with a clean environment."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cbuild import FIXTURES
+
+ROOT = FIXTURES.parent
+
+# -- running importwatch ----------------------------------------------------------------
+# What the developer's own environment may hold that would change what a traced process does:
+# our variables, a distributed job's (a rank prefixes every line), and where torch builds extensions.
+_NOT_PASSED_ON = (
+    "IMPORTWATCH",
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCH_EXTENSIONS_DIR",
+)
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """The environment minus what would change a traced process (see _NOT_PASSED_ON), plus EXTRA."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_NOT_PASSED_ON)}
+    env.pop("PYTHONPATH", None)
+    env.update(extra)
+    return env
+
+
+def importwatch(*args: str, **kwargs) -> subprocess.CompletedProcess:
+    """Run `python -m importwatch ARGS` to completion, text output captured."""
+    kwargs.setdefault("env", clean_env())
+    kwargs.setdefault("capture_output", True)
+    kwargs.setdefault("text", True)
+    kwargs.setdefault("timeout", 60)
+    return subprocess.run([sys.executable, "-m", "importwatch", *args], **kwargs)
+
+
+class Running:
+    """A process started in the background whose stderr goes to a file we can poll."""
+
+    def __init__(self, command: list[str], tmp_path: Path, env: dict[str, str], cwd: Path | None = None):
+        self.stderr_path = tmp_path / f"stderr-{time.monotonic_ns()}.txt"
+        self._stderr = open(self.stderr_path, "wb")  # noqa: SIM115  (closed in finish)
+        self.started = time.monotonic()
+        self.process = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self._stderr,
+            env=env, cwd=cwd, start_new_session=True,
+        )  # fmt: skip
+
+    @property
+    def stderr(self) -> str:
+        return self.stderr_path.read_text(errors="replace")
+
+    def wait_for(self, text: str, timeout: float) -> float:
+        """Seconds from start until TEXT appeared on stderr; fails after TIMEOUT."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if text in self.stderr:
+                return time.monotonic() - self.started
+            if self.process.poll() is not None and text not in self.stderr:
+                break
+            time.sleep(0.02)
+        pytest.fail(f"{text!r} did not appear within {timeout} s; stderr:\n{self.stderr}")
+
+    def kill(self) -> int:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        return self.finish()
+
+    def finish(self, timeout: float = 30) -> int:
+        try:
+            code = self.process.wait(timeout)
+        finally:
+            self._stderr.close()
+            if self.process.stdout:
+                self.process.stdout.close()
+        return code
+
+
+def traced(*args: str) -> list[str]:
+    """The command line of `python -m importwatch ARGS`."""
+    return [sys.executable, "-m", "importwatch", *args]
+
+
+def torch_dir() -> Path | None:
+    """The folder of the torch package the running interpreter would import, without importing it."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
