@@ -11,8 +11,9 @@ This is used only once the program has imported ctypes itself: importwatch
 never loads a library into the program on its own account. It is called with
 the GIL held (through PyDLL), from the thread that has just finished a load:
 dl_iterate_phdr takes the loader's list lock, which a dlopen holds only while
-it links an object into the list, never while a constructor runs. The watchdog,
-which must answer while another thread's dlopen hangs, reads the maps instead.
+it links an object into the list, never while a constructor runs. Before the
+program has ctypes, native.py reads the maps instead (mapped.py), as does the
+watcher, which must answer while another thread's dlopen hangs.
 
 Names are the paths the loader opened, as it built them from its search path
 (/lib/x86_64-linux-gnu/libgomp.so.1, torch/lib/../../nvidia/cublas/lib/...),

@@ -1,4 +1,5 @@
-"""The sink: turns events into ASCII lines and writes each one, flushed, to stderr and the log file."""
+"""The sink: turns events into ASCII lines (text or JSON Lines) and writes each one, flushed, to stderr,
+the log file and the watcher's feed."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 Runs in the heartbeat thread at a report, never on an import's path. Reads the
 tracer's chains, importlib's records of module locks and each thread's innermost
-frame; imports nothing.
+frame; imports nothing while it runs.
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""Switches tracing on, once per process: the .pth and the runner both come here. Owns what is installed."""
+"""Switches tracing on, once per process: the .pth, the runner, the pytest plugin and install() all come here.
+
+Owns what is installed, and takes it out again.
+"""
 
 from __future__ import annotations
 

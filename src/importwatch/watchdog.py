@@ -1,12 +1,15 @@
 """Stall detection: a heartbeat thread for full reports, and faulthandler's GIL-free timer for the rest.
 
 A Python thread cannot run while dlopen or a C constructor holds the GIL, so two
-mechanisms share the work. The heartbeat, a plain ``_thread`` thread waking a few
-times a second, writes the full report when it can run: the chains in flight in
-every thread, then faulthandler's dump. While it runs it keeps faulthandler's C
-timer armed for the moment the first stall report is due; if the GIL is held past
-that moment the heartbeat cannot cancel it, and faulthandler dumps the stacks on
-time, its frames naming the file in dlopen (see native.py).
+mechanisms share the work. The heartbeat, a plain ``_thread`` thread, sleeps until
+the next report is due (at most an eighth of the threshold; a step that begins
+while it sleeps wakes it if its next look would come too late) and writes the
+full report when it can run: the chains in flight in every thread, then
+faulthandler's dump. It keeps faulthandler's C timer armed for the moment the
+first stall report is due; if the GIL is held past that moment the heartbeat
+cannot cancel it, and faulthandler dumps the stacks on time, its frames naming
+the file in dlopen (see native.py). A fork child's heartbeat starts with the
+child's first step, and a heartbeat ends once the program's last thread has.
 """
 
 from __future__ import annotations
