@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, clean_env
+from helpers import ROOT, clean_env
 
 DEMO = ROOT / "demo" / "stuck_job.py"
 MISSING = 3  # the demo's exit status when a prerequisite is missing

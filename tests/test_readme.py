@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, clean_env
+from helpers import ROOT, clean_env
 
 DEMO = ROOT / "demo" / "stuck_job.py"
 COMMAND = "$ PYTHONPATH=.../site-packages python -m importwatch "
