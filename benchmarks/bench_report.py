@@ -34,7 +34,7 @@ _LOOP += "    for line in file:\n        count += 1\nprint(count)\n"
 # chunked reader alone, and that reader with the summary's line pattern matched on every line.
 _FLOOR = """
 import sys, time
-from importwatch.feed import JSON_LINE, TEXT_LINE
+from importwatch.fastread import JSON_LINE, TEXT_LINE
 from importwatch.timeline import chunks, open_log
 path, pattern = sys.argv[1], JSON_LINE if sys.argv[2] == "jsonl" else TEXT_LINE
 def loop():

@@ -1,4 +1,4 @@
-"""The summary's fast reading of import lines (feed.py) says what reading every line as an event says.
+"""The summary's fast reading of import lines (fastread.py) says what reading every line as an event says.
 
 `importwatch report LOG` runs as a user runs it; the reference is the same log read
 the general way (events.read_line, then Timeline.add for every line), in this process.
@@ -24,7 +24,7 @@ from test_report_logs import _bench
 
 
 def _general_summary(path: Path, pid: int | None = None) -> str:
-    """The summary of PATH with every line read as an event: the path the summary took before feed.py."""
+    """The summary of PATH with every line read as an event: the path the summary took before fastread.py."""
     skipped = Skipped()
     digests: dict = {}
     timeline = Timeline(keep=False, on_end=report_module._digest_into(digests))

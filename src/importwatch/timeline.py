@@ -435,7 +435,7 @@ class Timeline:
     def finish(self) -> list[Process]:
         """The processes, in the order they first wrote; whatever is in flight runs to its last line."""
         for process in self.processes:
-            # The fast path (feed.py) leaves a JSON line's clock to be written here, when shown.
+            # The fast path (fastread.py) leaves a JSON line's clock to be written here, when shown.
             if not process.last_clock:
                 process.last_clock = self.clock.stamp_at(process.last)
             for thread in process.threads.values():

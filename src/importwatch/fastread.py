@@ -56,14 +56,14 @@ JSON_LINE = re.compile(
 _MILLISECONDS = {f"{ms:03d}": ms / 1000.0 for ms in range(1000)}
 
 
-def feed(path: str, timeline: Timeline, skipped: Skipped, pid: int | None = None) -> None:
+def read_summary(path: str, timeline: Timeline, skipped: Skipped, pid: int | None = None) -> None:
     """Read the log at PATH into TIMELINE (one that does not keep its trees), bad lines counted in SKIPPED.
 
     With PID, only that process's lines go in (and signals sent to it, which its
     parent writes). LogError when the file is not a log.
     """
     if timeline.keep:
-        raise ValueError("feed() is for a timeline that does not keep its trees")
+        raise ValueError("read_summary() is for a timeline that does not keep its trees")
     reader = _Reader(timeline, skipped, pid)
     with open_log(path) as file:
         number = 0
@@ -82,7 +82,7 @@ def feed(path: str, timeline: Timeline, skipped: Skipped, pid: int | None = None
 
 
 class _Reader:
-    """The state of one feed(): which Process each pid's lines go to, and whether any line was ours."""
+    """The state of one read_summary(): which Process each pid's lines go to, and whether any line was ours."""
 
     def __init__(self, timeline: Timeline, skipped: Skipped, pid: int | None) -> None:
         self.timeline = timeline
