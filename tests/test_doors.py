@@ -313,6 +313,25 @@ def test_gil_held_stall_with_a_log_says_on_stderr_where_the_dump_is(built: Path,
     assert re.search(r"\]\s+threads: 0x[0-9a-f]{16} (importwatch-heartbeat|MainThread), ", result.stderr)
 
 
+def test_gil_held_hang_that_never_ends_has_said_on_stderr_where_the_dump_is(
+    built: Path, tmp_path: Path, start
+) -> None:
+    """While dlopen holds the GIL nothing of ours can speak: the start line already said where."""
+    log = tmp_path / "trace.log"
+    proc = start(
+        traced("--timeout", "1", "--no-watcher", "--log", str(log), "-c", "import hangext"),
+        PYTHONPATH=str(built),
+    )
+    proc.wait_for("> dlopen ", timeout=30)
+    deadline = time.monotonic() + 30
+    while "Timeout (" not in log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert "Timeout (" in log.read_text()  # the stall was dumped, in the log only
+    assert proc.process.poll() is None  # still hung
+    start_line = next(line for line in proc.stderr.splitlines() if "] start python " in line)
+    assert start_line.endswith(f" dumps={log}")
+
+
 def test_gil_free_stall_with_a_log_shows_the_stacks_on_stderr_too(tmp_path: Path) -> None:
     root = _files(tmp_path / "pkgs", {"napping.py": "import time\ntime.sleep(1.5)\n"})
     log = tmp_path / "trace.log"

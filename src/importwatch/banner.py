@@ -101,11 +101,14 @@ def write_banner(sink: Sink, argv: list[str]) -> None:
     version = ".".join(str(part) for part in sys.version_info[:3])
     system = os.uname()  # not the platform module: it costs milliseconds at start-up
     where = f"{system.sysname}-{system.release}-{system.machine}"
-    sink.event(
-        "start",
-        f"start python {version} {sys.executable} argv={argv!r} cwd={cwd} platform={where}",
-        {"python": version, "executable": sys.executable, "argv": argv, "cwd": cwd, "platform": where},
-    )
+    text = f"start python {version} {sys.executable} argv={argv!r} cwd={cwd} platform={where}"
+    fields = {"python": version, "executable": sys.executable, "argv": argv, "cwd": cwd, "platform": where}
+    if sink.dump_fd() != sink.stderr.fd:
+        # A stall that holds the GIL (a dlopen) can only be dumped by faulthandler, to one file: the
+        # log. Said now, on the terminal too, since nothing of ours can speak there at that moment.
+        text += f" dumps={sink.log_path}"
+        fields["dumps"] = sink.log_path
+    sink.event("start", text, fields)
     variables = relevant_environment()
     text = " ".join(f"{name}={value}" for name, value in variables.items())
     if not text:
