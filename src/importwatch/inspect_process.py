@@ -59,7 +59,7 @@ def _parser():
         "--native",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="read the native (C) stacks too, with gdb or py-spy (default: on)",
+        help="read the native (C) stacks too, with gdb, py-spy or pystack (default: on)",
     )
     return parser
 

@@ -1,11 +1,11 @@
-"""Reads another process's stacks: py-spy and gdb run from outside, their output parsed per thread.
+"""Reads another process's stacks: py-spy, pystack and gdb run from outside, their output parsed per thread.
 
-py-spy reads the Python frames without stopping the process (--nonblocking); gdb
-reads the native frames, and the Python ones through the interpreter's debug
+py-spy reads the Python frames without stopping the process (--nonblocking), and
+pystack (--no-block) when py-spy is absent or read nothing; gdb reads the native frames, and the Python ones through the interpreter's debug
 symbols (gdb_python_frames.py, sourced by its absolute path). Neither is started
 where it could change the process: no debugger on a process that is stopped
 (attaching and detaching may let it run on, and its parent would see it) or
-that another debugger holds; there py-spy --nonblocking alone reads it, and
+that another debugger holds; there py-spy --nonblocking or pystack --no-block reads it, and
 /proc tells the rest.
 """
 
@@ -26,6 +26,8 @@ BOOTSTRAP = ("<frozen importlib._bootstrap>", "<frozen importlib._bootstrap_exte
 NAMED = ("_find_and_load", "_find_and_load_unlocked", "_lock_unlock_module")
 # The markers gdb_python_frames.py prints: one thread, one frame, the end and how it went.
 THREAD, FRAME, END = "@@importwatch-thread", "@@importwatch-frame", "@@importwatch-end"
+# The notes of a Python-frame reader that read nothing, dropped once another one read them.
+READ_NONE = ("py-spy read no", "pystack read no")
 GDB_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gdb_python_frames.py")
 
 
@@ -80,8 +82,8 @@ def held(pid: int) -> str | None:
 
 
 def read_stacks(pid: int, native: bool, version: str | None) -> Stacks:
-    """The stacks from py-spy, and from gdb what py-spy did not read (all of it when py-spy is not
-    installed); why not, when neither can."""
+    """The stacks from py-spy, else pystack, and from gdb what they did not read (all of it when
+    neither is installed); why not, when none can."""
     stacks = Stacks()
     blocked = outside.ptrace_blocker(pid)
     if blocked is not None:
@@ -90,32 +92,35 @@ def read_stacks(pid: int, native: bool, version: str | None) -> Stacks:
         )
         return stacks
     gdb, pyspy = outside.find_program("gdb"), outside.find_program("py-spy")  # never from the cwd
+    pystack = outside.find_program("pystack")
     hold = held(pid)
     if hold is not None:
         stacks.unseen.append(
             f"no native stacks: {hold}, so no debugger is attached to it: only py-spy --nonblocking "
-            "and /proc read it"
+            "or pystack --no-block and /proc read it"
         )
         gdb, native = None, False
     # py-spy first: it stops the process for a fraction of a second where gdb, reading the symbols
     # of every library mapped, takes seconds with torch loaded. gdb for what py-spy did not read.
     if pyspy:
         _pyspy(stacks, pyspy, pid, native and not gdb, may_stop=hold is None)
+    if pystack and not stacks.python:
+        _pystack(stacks, pystack, pid, native and not gdb and hold is None)
     if gdb and (not stacks.python or (native and not stacks.native)):
         _gdb(stacks, gdb, pid, native, version, python=not stacks.python)
         if stacks.python:
-            stacks.unseen = [note for note in stacks.unseen if not note.startswith("py-spy read no")]
-    if hold is not None and not pyspy:
+            stacks.unseen = [note for note in stacks.unseen if not note.startswith(READ_NONE)]
+    if hold is not None and not pyspy and not pystack:
         stacks.unseen.append(
-            "no Python frames: install py-spy (pip install py-spy): it reads them without attaching"
+            "no Python frames: install py-spy (pip install py-spy) or pystack: they read them without attaching"
         )
-    elif not gdb and not pyspy:
+    elif not gdb and not pyspy and not pystack:
         stacks.unseen.append(
-            "no stacks: neither gdb nor py-spy is installed; install one (apt install gdb, or "
-            "pip install py-spy) for the Python import chain and the native frames"
+            "no stacks: none of gdb, py-spy, pystack is installed; install one (apt install gdb, or "
+            "pip install py-spy, or pip install pystack) for the Python import chain and the native frames"
         )
     elif not stacks.python and not stacks.unseen:
-        stacks.unseen.append("no Python frames: install py-spy (pip install py-spy) to read them")
+        stacks.unseen.append("no Python frames: install py-spy (pip install py-spy) or pystack to read them")
     return stacks
 
 
@@ -239,6 +244,69 @@ def parse_pyspy(out: str, stacks: Stacks) -> None:
             frame = frames[-1]
             if frame.function.endswith(NAMED):
                 frame.argument = stripped[6:].strip('"')
+
+
+# -- pystack -----------------------------------------------------------------------------------------
+def _pystack(stacks: Stacks, pystack: str, pid: int, native: bool) -> None:
+    # --no-block reads the memory without stopping the process; pystack reads native frames only
+    # while it holds the process stopped, so those are asked for only where it may be stopped.
+    command = [pystack, "remote", str(pid), "--locals", "--no-color"]
+    command.append("--native" if native else "--no-block")
+    try:
+        out, err = _helper(command)
+    except (OSError, subprocess.SubprocessError) as error:
+        stacks.unseen.append(f"pystack failed: {error}")
+        return
+    parse_pystack(out, stacks)
+    if not any(stacks.python.values()):
+        stacks.python = {}
+        stacks.unseen.append(f"pystack read no Python frames: {(err.strip().splitlines() or ['?'])[-1]}")
+        return
+    stacks.read_with("pystack")
+
+
+def parse_pystack(out: str, stacks: Stacks) -> None:
+    """`pystack remote --locals [--native]` into STACKS: Python frames with importlib's module name and
+    native frames (with --native) as 'function from library', innermost first as the others give them.
+
+    pystack prints each thread's frames outermost first (most recent call last); its name in
+    parentheses is the OS thread's, which /proc gives too, so it is not kept as the Python name.
+    """
+    thread = None
+    frames: list[Frame] = []
+    native: list[str] = []
+    section = ""
+    for line in out.splitlines():
+        stripped = line.strip()
+        if line.startswith("Traceback for thread "):
+            try:
+                thread = int(line.split()[3])
+            except (IndexError, ValueError):
+                thread = None
+                continue
+            frames, native = stacks.python.setdefault(thread, []), stacks.native.setdefault(thread, [])
+        elif thread is None or not stripped:
+            continue
+        elif stripped.startswith(("(Python) File ", "(C) File ")):
+            kind, _, rest = stripped.partition(" File ")
+            filename, _, rest = rest.partition('", line ')
+            number, _, function = rest.partition(", in ")
+            filename = filename.strip('"')
+            if kind == "(Python)":
+                frames.insert(0, Frame(function, filename, int(number) if number.isdigit() else None))
+            else:
+                name, _, library = function.partition(" (")
+                library = library.rpartition("(")[2].rstrip(")") if "(" in library else library.rstrip(")")
+                native.insert(0, f"{name} from {library or filename}")
+            section = ""
+        elif stripped in ("Arguments:", "Locals:"):
+            section = stripped
+        elif section == "Arguments:" and stripped.startswith("name: ") and frames:
+            frame = frames[0]
+            if frame.function.endswith(NAMED):
+                frame.argument = stripped[6:].strip('"')
+    for tid in [tid for tid, lines in stacks.native.items() if not lines]:
+        del stacks.native[tid]
 
 
 def short_native(lines: Sequence[str], limit: int = 16) -> list[str]:
