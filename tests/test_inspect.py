@@ -1,6 +1,6 @@
 """importwatch inspect PID: real processes started without importwatch and left hung, inspected from outside.
 
-Each case runs with gdb, with py-spy alone (a PATH without gdb), and with no
+Each case runs with gdb, with py-spy alone (a PATH without gdb), with pystack alone, and with no
 helper at all (an empty PATH), as far as this machine has them.
 """
 
@@ -25,6 +25,7 @@ OUTSIDE = FIXTURES / "outside"
 CUDA = FIXTURES / "cuda"
 GDB = shutil.which("gdb")
 PYSPY = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or shutil.which("py-spy")
+PYSTACK = shutil.which("pystack", path=str(Path(sys.executable).parent)) or shutil.which("pystack")
 
 DEADLOCK = """\
 import sys, threading, time
@@ -90,7 +91,7 @@ def tools(tmp_path: Path, *names: str) -> str:
     folder = tmp_path / f"bin-{'-'.join(names) or 'none'}"
     folder.mkdir(exist_ok=True)
     for name in names:
-        found = PYSPY if name == "py-spy" else shutil.which(name)
+        found = {"py-spy": PYSPY, "pystack": PYSTACK}.get(name) or shutil.which(name)
         assert found is not None
         if not (folder / name).exists():
             (folder / name).symlink_to(found)
@@ -226,8 +227,31 @@ def test_wedged_constructor_without_any_helper_is_named_from_the_stack_memory(
         f"loading module fastkern._kernels, {kernels} (its constructor runs, inside dlopen; from the libraries on its stack"
         in out
     )
-    assert "no stacks: neither gdb nor py-spy is installed; install one" in out
+    assert "no stacks: none of gdb, py-spy, pystack is installed; install one" in out
     assert "! fastkern 1.4.0+cu118 requires torch==2.1.0" in out
+
+
+@pytest.mark.skipif(PYSTACK is None, reason="pystack is not installed (pip install pystack)")
+@pytest.mark.timeout(180)
+def test_wedged_constructor_with_pystack_alone(spawn, site: Path, tmp_path: Path) -> None:
+    process = spawn("-c", "import fastkern._kernels")
+    wait_for_mapping(process.pid, "_kernels")
+    done = inspect_until(process.pid, '"initialising"', "--json", path=tools(tmp_path, "pystack"))
+    assert done.returncode == 1, done.stdout + done.stderr
+    report = json.loads(done.stdout)
+    assert report["tool"] == "pystack"
+    (thread,) = report["threads"]
+    assert thread["chain"] == ["fastkern._kernels"]
+    assert thread["load"]["module"] == "fastkern._kernels"
+    assert any("_find_and_load (<frozen importlib._bootstrap>:" in frame for frame in thread["python"])
+    # Native frames (pystack stops the process to read them), innermost first as gdb gives them.
+    assert any(frame.startswith("block_in_constructor from ") for frame in thread["native"])
+    no_native = json.loads(
+        inspect(process.pid, "--json", "--no-native", path=tools(tmp_path, "pystack")).stdout
+    )
+    assert no_native["tool"] == "pystack" and no_native["threads"][0]["native"] == []
+    assert no_native["threads"][0]["chain"] == ["fastkern._kernels"]
+    assert process.poll() is None
 
 
 # -- PyInit that blocks after dlopen -------------------------------------------------------------------
@@ -284,6 +308,17 @@ def test_module_lock_deadlock_names_both_threads_with_py_spy(spawn, tmp_path: Pa
     done = inspect_until(process.pid, "held by", "--json", path=tools(tmp_path, "py-spy"))
     assert done.returncode == 1, done.stdout
     _deadlock_checks(json.loads(done.stdout), with_names=True)
+
+
+@pytest.mark.skipif(PYSTACK is None, reason="pystack is not installed (pip install pystack)")
+@pytest.mark.timeout(180)
+def test_module_lock_deadlock_names_both_threads_with_pystack(spawn, tmp_path: Path) -> None:
+    process = spawn("deadlock.py")
+    done = inspect_until(process.pid, "held by", "--json", path=tools(tmp_path, "pystack"))
+    assert done.returncode == 1, done.stdout
+    report = json.loads(done.stdout)
+    assert report["tool"] == "pystack"
+    _deadlock_checks(report, with_names=False)  # pystack gives the OS thread's name, not Python's
 
 
 # -- a blocked read of stdin -----------------------------------------------------------------------------
@@ -374,10 +409,10 @@ def _tracer(pid: int) -> int:
 
 
 def _installed() -> tuple[str, ...]:
-    return tuple(name for name, path in (("gdb", GDB), ("py-spy", PYSPY)) if path)
+    return tuple(name for name, path in (("gdb", GDB), ("py-spy", PYSPY), ("pystack", PYSTACK)) if path)
 
 
-@pytest.mark.parametrize("helpers", [("gdb", "py-spy"), ("gdb",), ("py-spy",), ()])
+@pytest.mark.parametrize("helpers", [("gdb", "py-spy"), ("gdb",), ("py-spy",), ("pystack",), ()])
 @pytest.mark.timeout(180)
 def test_a_stopped_process_stays_stopped_and_no_debugger_attaches(
     spawn, site: Path, tmp_path: Path, helpers: tuple[str, ...]
@@ -404,11 +439,12 @@ def test_a_stopped_process_stays_stopped_and_no_debugger_attaches(
     assert thread["load"]["module"] == "fastkern._kernels"
     assert (
         "no native stacks: it is stopped (stopped), and a debugger's attach and detach may let it run "
-        "on, so no debugger is attached to it: only py-spy --nonblocking and /proc read it"
+        "on, so no debugger is attached to it: only py-spy --nonblocking or pystack --no-block and /proc "
+        "read it"
     ) in report["unseen"]
     assert report["problems"][0].startswith(f"process {process.pid} is stopped (stopped)")
-    if "py-spy" in helpers:
-        assert report["tool"] == "py-spy"
+    if "py-spy" in helpers or "pystack" in helpers:
+        assert report["tool"] == helpers[-1]
         assert thread["chain"] == ["fastkern._kernels"]
     else:
         assert any(note.startswith("no Python frames: install py-spy") for note in report["unseen"])
@@ -444,8 +480,8 @@ def test_a_process_another_debugger_holds_is_read_without_attaching(spawn, tmp_p
             and "is debugging it, so no debugger" in note
             for note in report["unseen"]
         ), report["unseen"]
-        if PYSPY is not None:
-            assert report["tool"] == "py-spy"
+        if PYSPY is not None or PYSTACK is not None:
+            assert report["tool"] == ("py-spy" if PYSPY is not None else "pystack")
             assert report["threads"][0]["python"][0].startswith("<module> (<string>:")
     finally:
         other.kill()
