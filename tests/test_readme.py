@@ -78,19 +78,31 @@ def test_the_readme_has_both_samples() -> None:
 @pytest.mark.parametrize("doctor", [False, True], ids=["runner", "doctor"])
 def test_readme_sample_has_the_shape_of_the_demo_output(doctor: bool) -> None:
     (sample,) = [block for block in samples() if ("doctor" in block[0]) == doctor]
+    shown = [line for line in sample if line.strip() != "..."]
+    # A look from outside is a sample taken in time: on a loaded machine the try can end before
+    # any look lands. Such a run is tried once more; any other difference is drift.
+    for attempt in (1, 2):
+        real = _demo_output(doctor)
+        assert real[0] == sample[0], "the sample's command line is the demo's"
+        missed = [
+            missing_in_order(stream(shown, outside), stream(real, outside)) for outside in (False, True)
+        ]
+        if attempt == 1 and any(missed) and all("outside" in line for lines in missed for line in lines):
+            continue
+        break
+    for missing in missed:
+        assert not missing, (
+            f"README sample lines (as shapes) not in this order in the output of `python "
+            f"demo/stuck_job.py{' --doctor' if doctor else ''}`: copy the sample again from a real run:\n"
+            + "\n".join(missing)
+        )
+
+
+def _demo_output(doctor: bool) -> list[str]:
     done = subprocess.run(
         [sys.executable, str(DEMO), *(["--doctor"] if doctor else [])],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=clean_env(), timeout=150,
         stdin=subprocess.DEVNULL,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout
-    real = done.stdout.splitlines()
-    assert real[0] == sample[0], "the sample's command line is the demo's"
-    shown = [line for line in sample if line.strip() != "..."]
-    for outside in (False, True):
-        missing = missing_in_order(stream(shown, outside), stream(real, outside))
-        assert not missing, (
-            f"README sample lines (as shapes) not in this order in the output of `python "
-            f"demo/stuck_job.py{' --doctor' if doctor else ''}`: copy the sample again from a real run:\n"
-            + "\n".join(missing)
-        )
+    return done.stdout.splitlines()
