@@ -401,3 +401,18 @@ def test_a_log_descriptor_the_program_takes_over_stops_getting_our_lines(tmp_pat
             name
         ].stderr
         assert "] > quick2\n" in runs[name].stderr
+
+
+def test_a_log_descriptor_taken_over_between_two_imports_gets_none_of_the_next_lines(tmp_path: Path) -> None:
+    """No heartbeat (--timeout 0) and no pause: each write checks that the descriptor is still ours."""
+    _slow_tree(tmp_path)
+    at_once = REUSE.replace("import time\ntime.sleep(2)\n", "")
+    (tmp_path / "daemon.py").write_text(DAEMON.replace("{extra}", at_once))
+    log = tmp_path / "trace.log"
+    runs = three_ways(["daemon.py", "3"], tmp_path, IMPORTWATCH_LOG=str(log), IMPORTWATCH_TIMEOUT="0")
+    for name, run in runs.items():
+        assert (run.returncode, run.stdout) == (0, "done\n"), (name, run.stderr)
+        assert (tmp_path / "out0.txt").read_text() == "mine\n", name
+    for name in ("runner", "IMPORTWATCH=1"):
+        assert "] > quick2\n" in runs[name].stderr, runs[name].stderr
+        assert runs[name].stderr.count("the program closed or replaced the log file's descriptor") == 1

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 
 # Bound once: event() runs twice per import.
 _write = os.write
+_fstat = os.fstat
 _time = time.time
 _get_ident = _thread.get_ident
 
@@ -204,6 +205,15 @@ def high_descriptor(fd: int) -> int:
     return fd
 
 
+def _still(fd: int, ident: tuple[int, int] | None) -> bool:
+    """Whether FD still refers to IDENT (device, inode): the hot path's form of identity()."""
+    try:
+        stat = _fstat(fd)
+    except OSError:
+        return False
+    return ident is not None and stat.st_ino == ident[1] and stat.st_dev == ident[0]
+
+
 def identity(fd: int) -> tuple[int, int] | None:
     """What descriptor FD refers to (device and inode), or None when it is closed."""
     try:
@@ -254,9 +264,17 @@ class Channel:
         self.broken = False
 
     def write(self, data: bytes) -> OSError | None:
-        """Write all of DATA; return the error that broke the channel, if one did."""
+        """Write all of DATA; return the error that broke the channel, if one did.
+
+        A descriptor of ours is first checked to be still ours: the program may have closed
+        it and opened something that got its number, and a line of ours must never reach a
+        file of the program's. One fstat per write, about 0.6 us.
+        """
         if self.broken:
             return None
+        if self.ident is not None and not _still(self.fd, self.ident):
+            self.broken = True
+            return OSError(errno.EBADF, "no longer ours")
         try:
             while data:
                 data = data[os.write(self.fd, data) :]
@@ -302,6 +320,9 @@ class Feed:
         self._put(f"#thread {name} {_thread.get_native_id()}\n".encode("ascii"))
 
     def _put(self, data: bytes) -> bool:
+        if self.closed or not _still(self.fd, self.ident):
+            self.closed = True  # closed, or its number reused by the program: never write there again
+            return True
         try:
             os.write(self.fd, data)
         except BlockingIOError:
@@ -559,6 +580,8 @@ class Sink:
                 text = self._json_line(now, thread, kind, body, fields)
                 size = len(text)
             try:
+                if not _still(log.fd, log.ident):  # closed, or its number reused by the program
+                    raise OSError(errno.EBADF, "no longer ours")
                 if _write(log.fd, text) != size:
                     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # a full disk writes short
             except OSError as error:
