@@ -129,7 +129,7 @@ class _Reader:
         base = before + 1
         who_of = self.who.get
         clock = self.timeline.clock
-        on_end = self.timeline.on_end
+        ended = self.timeline.ended  # the parent's nested time, and on_end: as Timeline counts them
         for number, match in enumerate(map(TEXT_LINE, lines), base):
             if match is None:
                 self.general(lines[number - base], number)
@@ -180,22 +180,14 @@ class _Reader:
             stack.pop()
             node.ms = ms
             node.error = error
-            # What the node adds to its parent's nested time (Node.counted): an import its own, a load its imports'.
-            counted = ms if kind == IMPORT else node.nested
-            parent = node.parent
-            if parent is not None:
-                parent.nested += counted
-            else:
-                thread.nested += counted
-            if on_end is not None:
-                on_end(process, thread, node)
+            ended(process, thread, node)
         return base + len(lines) - 1
 
     def json_lines(self, lines: list[str], before: int) -> int:
         """As text_lines, for JSON Lines: the clock of a line is written only if the summary shows it."""
         base = before + 1
         who_of = self.who.get
-        on_end = self.timeline.on_end
+        ended = self.timeline.ended  # the parent's nested time, and on_end: as Timeline counts them
         for number, match in enumerate(map(JSON_LINE, lines), base):
             if match is None:
                 self.general(lines[number - base], number)
@@ -238,12 +230,5 @@ class _Reader:
             node = stack.pop()
             node.ms = ms
             node.error = None
-            counted = ms if kind == IMPORT else node.nested  # as in text_lines
-            parent = node.parent
-            if parent is not None:
-                parent.nested += counted
-            else:
-                thread.nested += counted
-            if on_end is not None:
-                on_end(process, thread, node)
+            ended(process, thread, node)
         return base + len(lines) - 1

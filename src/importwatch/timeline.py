@@ -449,7 +449,7 @@ class Timeline:
                 for node in reversed(thread.stack):
                     node.unfinished = True
                     node.ms = max((last - node.start) * 1000.0, 0.0)
-                    self._ended(process, thread, node)
+                    self.ended(process, thread, node)
         return self.processes
 
     def _apply(self, process: Process, event: Event, when: float, stamp: str) -> None:
@@ -511,7 +511,7 @@ class Timeline:
             lost = stack.pop()
             lost.unfinished = True
             lost.ms = max((when - lost.start) * 1000.0, 0.0)
-            self._ended(process, thread, lost)
+            self.ended(process, thread, lost)
         node = stack.pop()
         node.ms = ms if ms is not None else max((when - node.start) * 1000.0, 0.0)
         node.error = event.error
@@ -519,9 +519,9 @@ class Timeline:
         # the end's clock minus the exact duration is a start no earlier than the truth.
         if ms is not None:
             node.start = max(node.start, when - ms / 1000.0)
-        self._ended(process, thread, node)
+        self.ended(process, thread, node)
 
-    def _ended(self, process: Process, thread: Thread, node: Node) -> None:
+    def ended(self, process: Process, thread: Thread, node: Node) -> None:
         """NODE has its duration: its parent counts it, and ON_END sees it."""
         parent = node.parent
         if parent is not None:
@@ -560,7 +560,7 @@ class Timeline:
         else:
             node.nested = holder.nested
         holder.nested -= node.nested
-        self._ended(process, thread, node)
+        self.ended(process, thread, node)
 
 
 def build(events: Iterator[Event], keep: bool = True) -> list[Process]:
