@@ -13,7 +13,7 @@ import argparse
 import statistics
 import time
 
-from importwatch import scan
+from importwatch.facts import scan
 
 
 def main() -> None:

@@ -34,8 +34,8 @@ _LOOP += "    for line in file:\n        count += 1\nprint(count)\n"
 # chunked reader alone, and that reader with the summary's line pattern matched on every line.
 _FLOOR = """
 import sys, time
-from importwatch.fastread import JSON_LINE, TEXT_LINE
-from importwatch.timeline import chunks, open_log
+from importwatch.tools.report.fastread import JSON_LINE, TEXT_LINE
+from importwatch.tools.report.timeline import chunks, open_log
 path, pattern = sys.argv[1], JSON_LINE if sys.argv[2] == "jsonl" else TEXT_LINE
 def loop():
     with open(path, encoding="utf-8", errors="replace") as file:

@@ -60,7 +60,7 @@ class _LastChance:
 def _activated() -> bool:
     """Activate if importwatch can be imported now; False when it cannot be found (yet)."""
     try:
-        from importwatch import startup
+        from importwatch.tracing import session
     except ModuleNotFoundError as error:
         if error.name == "importwatch":
             return False
@@ -69,7 +69,7 @@ def _activated() -> bool:
     except Exception as error:
         _say(error)
         return True
-    startup.activate_from_env()
+    session.activate_from_env()
     return True
 
 

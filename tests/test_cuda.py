@@ -13,7 +13,7 @@ import pytest
 
 from cbuild import FIXTURES, compile_extension, compile_shared, stand_in_torch
 from helpers import torch_dir
-from importwatch.cuda import (
+from importwatch.facts.cuda import (
     NVIDIA_PROC,
     TorchFacts,
     cuda_major,
@@ -25,7 +25,7 @@ from importwatch.cuda import (
     gpus,
     native_verdicts,
 )
-from importwatch.elf import read_dynamic
+from importwatch.facts.elf import read_dynamic
 
 CUDA = FIXTURES / "cuda"
 TORCH = torch_dir()  # the torch this interpreter would import, if any
@@ -159,7 +159,7 @@ def test_find_torch_never_imports_torch(built: dict[str, Path], tmp_path: Path) 
     package = stand_in_torch(tmp_path, "2.3.1+cu121", "12.1")
     package.joinpath("__init__.py").write_text("raise SystemExit('torch was imported')\n")
     code = (
-        "import sys\nfrom importwatch.cuda import find_torch\n"
+        "import sys\nfrom importwatch.facts.cuda import find_torch\n"
         f"facts = find_torch([{str(tmp_path)!r}])\n"
         "print(facts.version, facts.cuda, 'torch' in sys.modules, 'ctypes' in sys.modules)"
     )

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from helpers import clean_env
-from importwatch.blocking import Rendezvous
 from importwatch.events import parse_line
+from importwatch.tracing.blocking import Rendezvous
 
 try:
     import torch  # noqa: F401

@@ -18,7 +18,7 @@ import pytest
 
 from cbuild import FIXTURES, compile_extension, compile_shared, dist_info, stand_in_torch
 from helpers import clean_env, importwatch
-from importwatch import dists
+from importwatch.facts import dists
 
 CUDA = FIXTURES / "cuda"
 TORCHVISION_WHEEL = "torchvision==0.22.1"
@@ -78,7 +78,7 @@ def test_traced_load_says_the_pinned_torch_before_dlopen(sites: dict[str, Path])
     start = [index for index, line in enumerate(lines) if "> dlopen " in line and "visionkern/_C" in line]
     assert said and start, done.stderr
     # The metadata reader is loaded for this load, but never shows up as one of the program's imports.
-    assert "importwatch.dists" not in done.stderr
+    assert "importwatch.facts.dists" not in done.stderr
     # Written before the dlopen returns (its end line), right after its start line.
     end = [index for index, line in enumerate(lines) if "< dlopen " in line and "visionkern/_C" in line]
     assert start[0] < said[0] < end[0], done.stderr
@@ -110,7 +110,7 @@ def test_extension_that_links_neither_torch_nor_cuda_is_not_looked_up(sites: dic
 
 # -- verdict wording and versions ---------------------------------------------------------------------
 def test_local_cuda_version_is_said_when_the_pin_fits(sites: dict[str, Path]) -> None:
-    from importwatch.cuda import TorchFacts, find_torch
+    from importwatch.facts.cuda import TorchFacts, find_torch
 
     torch = find_torch([str(sites["pair"])], {})
     assert torch is not None and torch.version == "2.7.1+cu126"
@@ -230,7 +230,7 @@ def _venv_torch() -> Path:
 @pytest.mark.timeout(240)
 def test_real_torchvision_wheel_is_named_by_its_pin(torchvision_site: Path) -> None:
     torch = _venv_torch()
-    from importwatch.cuda import find_torch
+    from importwatch.facts.cuda import find_torch
 
     facts = find_torch([str(torch.parent)], {})
     assert facts is not None and facts.version
@@ -257,7 +257,7 @@ def test_real_torchvision_wheel_is_named_by_its_pin(torchvision_site: Path) -> N
 def test_torch_s_own_extensions_are_never_looked_up_in_the_metadata() -> None:
     """torch pins no torch: reading its 14,000-line RECORD would only slow `import torch` down."""
     pytest.importorskip("torch")
-    code = "import sys, torch; print('importwatch.dists' in sys.modules)"
+    code = "import sys, torch; print('importwatch.facts.dists' in sys.modules)"
     done = importwatch("-c", code, timeout=180)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout == "False\n"

@@ -13,7 +13,8 @@ import pytest
 
 from cbuild import FIXTURES, compile_extension, compile_shared, stand_in_torch
 from helpers import clean_env
-from importwatch import doctor, scan
+from importwatch.facts import scan
+from importwatch.tools.doctor import command as doctor
 
 CUDA = FIXTURES / "cuda"
 HANG = FIXTURES / "hang"
@@ -161,7 +162,7 @@ def test_without_torch_it_still_works_and_says_so(tmp_path: Path) -> None:
     # its source folder.
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True)
     python = str(tmp_path / "venv" / "bin" / "python")
-    source = str(Path(doctor.__file__).resolve().parent.parent)
+    source = str(Path(doctor.__file__).resolve().parent.parent.parent.parent)
     command = [python, "-m", "importwatch", "doctor", "--timeout", "2"]
     env = clean_env(PYTHONPATH=source)
     done = subprocess.run(command, capture_output=True, text=True, timeout=30, env=env)

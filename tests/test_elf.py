@@ -15,7 +15,7 @@ import pytest
 
 from cbuild import FIXTURES, compile_shared, compiler
 from helpers import torch_dir
-from importwatch.elf import DynamicInfo, cuda_needs, library_stem, read_dynamic
+from importwatch.facts.elf import DynamicInfo, cuda_needs, library_stem, read_dynamic
 
 CUDA = FIXTURES / "cuda"
 TORCH = torch_dir()  # the torch this interpreter would import, if any
@@ -266,7 +266,7 @@ def test_no_cut_or_damage_makes_it_raise(libs: dict[str, Path], tmp_path: Path) 
 
 def test_reading_does_not_import_anything(libs: dict[str, Path]) -> None:
     code = (
-        "import sys; before = set(sys.modules); from importwatch.elf import read_dynamic\n"
+        "import sys; before = set(sys.modules); from importwatch.facts.elf import read_dynamic\n"
         f"read_dynamic({str(libs['runpath'])!r})\n"
         "new = set(sys.modules) - before\n"
         "print(sorted(name for name in new if getattr(sys.modules[name], '__file__', '').endswith('.so')))"

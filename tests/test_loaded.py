@@ -39,7 +39,7 @@ def libs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 STEPS = """
 import ctypes, json, sys
-from importwatch.loaded import LoadedObjects
+from importwatch.facts.loaded import LoadedObjects
 loaded = LoadedObjects(ctypes)
 report = {"nothing": loaded.added("")}
 for path in sys.argv[1:]:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from cbuild import FIXTURES, compile_shared
-from importwatch.mapped import MappedObjects, soname_candidates
+from importwatch.facts.mapped import MappedObjects, soname_candidates
 
 CUDA = FIXTURES / "cuda"
 
@@ -31,7 +31,7 @@ def libs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 INSIDE = """
 import ctypes, json, sys, time
-from importwatch.mapped import MappedObjects
+from importwatch.facts.mapped import MappedObjects
 mapped = MappedObjects()
 report = {"before": mapped.needs_rescan(["libdep.so.1"]), "libc": mapped.needs_rescan(["libc.so.6"])}
 ctypes.CDLL(sys.argv[1])

@@ -16,7 +16,7 @@ import pytest
 
 from cbuild import FIXTURES, compile_extension, compile_shared
 from helpers import clean_env, importwatch, traced
-from importwatch import outside
+from importwatch.watcher import outside
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
@@ -42,7 +42,7 @@ def watchers_of(pid: int) -> list[int]:
             command = Path(f"/proc/{name}/cmdline").read_bytes()
         except OSError:
             continue
-        if b"importwatch.sidecar" in command and needle in command:
+        if b"importwatch.watcher" in command and needle in command:
             found.append(int(name))
     return found
 

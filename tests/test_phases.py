@@ -180,7 +180,7 @@ def test_with_tracing_off_the_api_writes_nothing_and_imports_nothing_else(tmp_pa
     assert result.returncode == 0, result.stderr
     assert result.stderr == ""
     # The API and nothing else (__future__ is what `from __future__ import annotations` loads).
-    assert result.stdout == "ran\n['__future__', 'importwatch', 'importwatch.phases']\n"
+    assert result.stdout == "ran\n['__future__', 'importwatch', 'importwatch.tracing.phases']\n"
 
 
 @pytest.mark.timeout(30)

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from importwatch import report as report_module
 from importwatch.events import SIGNAL, BadLine
-from importwatch.timeline import Skipped, Timeline, read_events
+from importwatch.tools.report import command as report_module
+from importwatch.tools.report.timeline import Skipped, Timeline, read_events
 from test_report_logs import _bench
 
 

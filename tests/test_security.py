@@ -352,7 +352,7 @@ def test_bisect_masks_secrets_in_the_command_it_prints(tmp_path: Path) -> None:
     ],
 )
 def test_the_masking_rule(argv: list[str], shown: list[str]) -> None:
-    from importwatch.banner import mask_argv
+    from importwatch.tracing.banner import mask_argv
 
     assert mask_argv(argv) == shown
 
@@ -409,7 +409,7 @@ def test_the_watcher_runs_from_the_root_folder(tmp_path: Path, start) -> None:
     running.wait_for("> waits", timeout=30)
 
     def watchers() -> list[int]:
-        return [pid for pid in _marked(token) if b"importwatch.sidecar" in _read(f"/proc/{pid}/cmdline")]
+        return [pid for pid in _marked(token) if b"importwatch.watcher" in _read(f"/proc/{pid}/cmdline")]
 
     assert _wait_for(lambda: len(watchers()) == 1, 10)
     assert os.readlink(f"/proc/{watchers()[0]}/cwd") == "/"
@@ -478,7 +478,7 @@ def test_a_signal_kills_the_try_in_flight_and_removes_the_temporary_folder(
     )  # fmt: skip
     try:
         assert _wait_for(started.exists, 40), "the try did not start"
-        assert any(b"importwatch.sidecar" in _read(f"/proc/{pid}/cmdline") for pid in _marked(token))
+        assert any(b"importwatch.watcher" in _read(f"/proc/{pid}/cmdline") for pid in _marked(token))
         process.send_signal(signum)
         _, err = process.communicate(timeout=30)
     finally:

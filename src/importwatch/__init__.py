@@ -10,12 +10,13 @@ from __future__ import annotations
 __version__ = "0.1.0"
 __all__ = ["__version__", "checkpoint", "install", "phase", "uninstall"]
 
-from importwatch.phases import checkpoint, phase
+from importwatch.tracing.phases import checkpoint, phase
 
 
 def install(timeout: float | None = None, log: str | None = None, exit_on_stall: bool = False) -> None:
     """Start tracing this process now, with the IMPORTWATCH_* variables for what is not given."""
-    from importwatch import config, startup
+    from importwatch import config
+    from importwatch.tracing import session
 
     settings, warnings = config.from_env()
     settings = config.Settings(
@@ -24,14 +25,14 @@ def install(timeout: float | None = None, log: str | None = None, exit_on_stall:
         exit_on_stall=exit_on_stall or settings.exit_on_stall,
         stderr=settings.stderr,
     )
-    startup.activate(settings, warnings)
+    session.activate(settings, warnings)
 
 
 def uninstall() -> None:
     """Stop tracing and take every hook out again."""
-    from importwatch import startup
+    from importwatch.tracing import session
 
-    startup.deactivate()
+    session.deactivate()
 
 
 def pytest_plugin_registered(plugin: object, manager: object) -> None:

@@ -4,7 +4,8 @@ Run here at module level rather than in a function, the program has below its
 first frame only what `python -m runpy` puts there: runpy's two frames and this one.
 """
 
-from importwatch import cli, runner
+from importwatch import cli
+from importwatch.tracing import runner
 
 _launch = cli.prepare()
 if not isinstance(_launch, runner.Launch):

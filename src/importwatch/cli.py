@@ -10,7 +10,7 @@ from importwatch.usage import UsageError, fail, target_at, value_of
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from importwatch.runner import Launch, Target
+    from importwatch.tracing.runner import Launch, Target
 
 EXIT_OK = 0
 EXIT_PROBLEM = 1
@@ -18,7 +18,15 @@ EXIT_PROBLEM = 1
 
 SUBCOMMANDS = ("doctor", "bisect", "report", "inspect")
 # A subcommand whose module is not named after it (a module named inspect would shadow the stdlib's).
-_MODULES = {"inspect": "inspect_process"}
+_MODULES = {
+    name: f"tools.{folder}.command"
+    for name, folder in (
+        ("doctor", "doctor"),
+        ("bisect", "bisection"),
+        ("report", "report"),
+        ("inspect", "inspection"),
+    )
+}
 
 USAGE = """\
 usage: importwatch [OPTIONS] SCRIPT [ARGS...]
@@ -65,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     launch = prepare(argv)
     if isinstance(launch, int):
         return launch
-    from importwatch import runner
+    from importwatch.tracing import runner
 
     runner.execute(launch)
     return EXIT_OK
@@ -128,7 +136,7 @@ def _checked(parser, value: str, source: str):
 
 
 def _start(options: dict, target: Target) -> int | Launch:
-    from importwatch import runner, startup
+    from importwatch.tracing import runner, session
 
     try:
         code, path = runner.prepare(target)
@@ -150,7 +158,7 @@ def _start(options: dict, target: Target) -> int | Launch:
     )
     # The target's children (workers, torchrun's ranks) trace themselves through the .pth.
     os.environ.update(config.to_env(settings))
-    startup.activate(settings, warnings, argv=target.describe())
+    session.activate(settings, warnings, argv=target.describe())
     return runner.launch(target, code, path)
 
 
@@ -158,5 +166,5 @@ def _subcommand(name: str, args: list[str]) -> int:
     """doctor, bisect, report and inspect live in their own modules, imported only when asked for."""
     import importlib
 
-    module = importlib.import_module(f"importwatch.{_MODULES.get(name, name)}")
+    module = importlib.import_module(f"importwatch.{_MODULES[name]}")
     return module.main(args)

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import os
 
-from importwatch import config, startup
+from importwatch import config
+from importwatch.tracing import session
 
 
 def start() -> None:
     """Switch tracing on, writing to a copy of stderr that pytest's output capture leaves alone."""
-    if startup.active() is not None:
+    if session.active() is not None:
         return  # IMPORTWATCH=1 already traces this process
     settings, warnings = config.from_env()
     try:
@@ -17,4 +18,4 @@ def start() -> None:
     except OSError:
         stderr_fd = 2
     os.set_inheritable(stderr_fd, False)
-    startup.activate(settings, warnings, stderr_fd=stderr_fd)
+    session.activate(settings, warnings, stderr_fd=stderr_fd)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from importwatch.runner import Target
+from importwatch.tracing.runner import Target
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

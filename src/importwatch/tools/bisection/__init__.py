@@ -1,0 +1,1 @@
+"""`importwatch bisect`: narrow a hanging program down to the imports that still hang."""

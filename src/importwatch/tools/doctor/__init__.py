@@ -1,0 +1,1 @@
+"""`importwatch doctor`: check an environment before the job runs, each risky step in a killable child."""

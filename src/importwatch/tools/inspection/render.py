@@ -1,0 +1,120 @@
+"""The inspect report's two renderings: the JSON object as is, and the text for people, ASCII only."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+
+from importwatch.tools.inspection.stacks import described_in_importlib
+from importwatch.tracing.sink import escape
+from importwatch.watcher import outside
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+
+def render_json(report: dict) -> str:
+    return json.dumps(report, indent=2) + "\n"
+
+
+def render(report: dict) -> str:
+    """The process, its threads, the load in flight, the verdicts, what was not seen."""
+    lines = [*_process(report), "", f"threads ({len(report['threads'])})"]
+    for thread in report["threads"]:
+        lines += _thread(thread)
+    if report["libraries"]:
+        lines += ["", "shared objects in flight"]
+        for lib in report["libraries"]:
+            needs = ", ".join(lib["needs"] + lib["torch_links"]) or "no CUDA or torch library"
+            owner = f" (from {lib['distribution']})" if lib["distribution"] else ""
+            lines.append(f"  {lib['path']}{owner}: needs {needs}")
+            lines += [f"    ! {text}" for text in lib["verdicts"]]
+    if report["unseen"]:
+        lines += ["", "not seen", *(f"  {text}" for text in report["unseen"])]
+    rerun = report["rerun"]
+    if rerun:
+        lines += ["", "to see more, rerun it under importwatch:"]
+        lines += [f"  {rerun[key]}" for key in ("install", "module", "env") if key in rerun]
+    lines.append("")
+    problems = report["problems"]
+    if not problems:
+        lines.append("verdict: nothing suspect")
+    else:
+        lines.append(f"verdict: {len(problems)} problem{'s' if len(problems) != 1 else ''}")
+        lines += [f"  {problem}" for problem in problems]
+    return "".join(escape(line) + "\n" for line in lines)
+
+
+def _process(report: dict) -> list[str]:
+    """The heading: what the process is, its Python and torch, how the stacks were read."""
+    command = " ".join(shlex.quote(word) for word in report["cmdline"]) or "?"
+    lines = [f"importwatch inspect {report['pid']}", "", f"process     {report['pid']}: {command}"]
+    lines.append(f"python      {report['python'] or '?'} ({report['interpreter'] or report['exe']})")
+    if report["started"] is not None:
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(report["started"]))
+        lines.append(f"started     {stamp} ({_ago(max(0.0, time.time() - report['started']))} ago)")
+    if report["idle"] is not None:
+        lines.append(f"last CPU    {_ago(report['idle'])} ago (its most recent thread)")
+    torch = report["torch"]
+    lines.append(
+        f"torch       {torch['version'] or '?'} ({torch['build']}) at {torch['path']}"
+        if torch
+        else "torch       not found"
+    )
+    lines.append(f"driver      {report['driver'] or 'none'}")
+    lines.append(f"stacks      read with {report['tool']}" if report["tool"] else "stacks      not read")
+    return lines
+
+
+def _thread(thread: dict) -> list[str]:
+    """One thread: its verdict and state, the import and load in flight, its Python and native frames."""
+    state = thread["state"] + (f" in {thread['wchan']}" if thread["wchan"] else "")
+    if thread["cpu"] is not None:
+        state += f", {thread['cpu'] * 100:.0f}% CPU"
+    if thread["last_ran"] is not None:
+        state += f", last ran {_ago(thread['last_ran'])} ago"
+    body = f"  {thread['name']} (tid {thread['tid']}): {thread['verdict']} ({state})"
+    lines = [body + (f"; {thread['waits_on']}" if thread["waits_on"] else "")]
+    if thread["chain"]:
+        lines.append(f"    import in flight: {' > '.join(thread['chain'])}")
+    load = thread.get("load")
+    if thread["doing"] and not load:
+        held = f", held by {thread['lock_holder']}" if thread.get("lock_holder") else ""
+        lines.append(f"    {thread['doing']}{held}")
+    if load:
+        named = f"module {load['module']}, " if load["module"] else ""
+        lines.append(f"    loading {named}{load['file'] or '?'} ({load['how']}; from {load['source']})")
+        if load["initialising"] and load["initialising"] != load["file"]:
+            lines.append(f"    initialising {load['initialising']}")
+    if thread["python"] and (thread["chain"] or thread["verdict"] != outside.BUSY):
+        lines.append(f"    python, outermost first: {_python_path(thread['python'])}")
+    if thread["native"] and (thread["chain"] or load):
+        lines.append(f"    native, innermost first: {' < '.join(thread['native'][:5])}")
+    return lines
+
+
+def _ago(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _python_path(frames: Sequence[str]) -> str:
+    """Frames (innermost first) as 'a (f.py:3) > [4 importlib frames] > b', outermost first."""
+    parts: list[str] = []
+    run = 0
+    for frame in reversed(frames):
+        if described_in_importlib(frame):
+            run += 1
+            continue
+        if run:
+            parts.append(f"[{run} importlib frames]")
+            run = 0
+        parts.append(frame)
+    if run:
+        parts.append(f"[{run} importlib frames]")
+    return " > ".join(parts)

@@ -1,0 +1,95 @@
+"""What inspect concludes from the threads it read: the hang or problem each one shows, and the
+command lines that rerun the program under importwatch to see more."""
+
+from __future__ import annotations
+
+import os
+import shlex
+
+from importwatch.watcher import outside
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+
+def hang_problems(
+    pid: int,
+    threads: list[dict],
+    stat: outside.ProcessStat | None,
+    samples: dict[int, outside.ThreadSample],
+) -> list[str]:
+    """The process stopped, a thread hung in an import or a load, a thread waiting for stdin."""
+    problems = []
+    if stat is not None and stat.state in "Tt":
+        problems.append(
+            f"process {pid} is stopped ({stat.state_name}): nothing runs; kill -CONT {pid} resumes it"
+        )
+    for thread in threads:
+        label = f"{thread['name']} (tid {thread['tid']})"
+        idle = f", no CPU for {thread['last_ran']:.1f} s" if thread.get("last_ran") is not None else ""
+        if thread["chain"] and thread["verdict"] == outside.WAITING:
+            problems.append(f"{label} hangs in import {' > '.join(thread['chain'])} {_where(thread, idle)}")
+        elif thread.get("load") and thread["verdict"] == outside.WAITING:
+            load = thread["load"]
+            problems.append(
+                f"{label} hangs loading {load['file'] or load['initialising']} ({load['how']}{idle})"
+            )
+        sample = samples.get(thread["tid"])
+        if thread["verdict"] != outside.BUSY and sample is not None and _reads_stdin(sample):
+            problems.append(f"{label} waits for input on stdin: {outside.describe_fd(pid, 0)}")
+    return problems
+
+
+def _reads_stdin(sample: outside.ThreadSample) -> bool:
+    """True when the thread is blocked in a read of fd 0."""
+    call = sample.syscall
+    return (
+        bool(call)
+        and len(call) > 1
+        and call[1] == 0
+        and outside.SYSCALLS.get(call[0], ("",))[0] in ("read", "readv")
+    )
+
+
+def _where(thread: dict, idle: str) -> str:
+    """Where in its import a waiting thread is: the lock and its holder, the load, or the frame."""
+    text = f"({thread['verdict']}{idle})"
+    if thread.get("lock_holder"):
+        return text + f": waiting for the import lock of {thread['lock']}, held by {thread['lock_holder']}"
+    if thread.get("load"):
+        load = thread["load"]
+        text += f": {load['how']}, loading {load['file'] or load['initialising']}"
+        if load["initialising"] and load["initialising"] != load["file"]:
+            text += f", initialising {load['initialising']}"
+        return text
+    if thread.get("doing"):
+        return text + f": {thread['doing']}"
+    return text
+
+
+def rerun_commands(cmdline: Sequence[str], cwd: str | None, interpreter: str, search: Sequence[str]) -> dict:
+    """The command lines that rerun the program under importwatch, and whether it must be installed first."""
+    if not cmdline:
+        return {}
+    quoted = " ".join(shlex.quote(word) for word in cmdline)
+    prefix = f"cd {shlex.quote(cwd)} && " if cwd else ""
+    commands = {"env": f"{prefix}IMPORTWATCH=1 {quoted}"}
+    words = list(cmdline[1:])
+    options = []
+    while (
+        words
+        and words[0].startswith("-")
+        and words[0] not in ("-m", "-c", "-")
+        and not words[0].startswith(("-m", "-c"))
+    ):
+        options.append(words.pop(0))
+    if os.path.basename(cmdline[0]).startswith("python"):
+        rest = " ".join(shlex.quote(word) for word in [*options, "-m", "importwatch", *words])
+        commands["module"] = f"{prefix}{shlex.quote(cmdline[0])} {rest}"
+    installed = any(
+        os.path.isfile(os.path.join(entry, "importwatch", "__init__.py")) for entry in search if entry
+    )
+    if not installed:
+        commands["install"] = f"{shlex.quote(interpreter)} -m pip install importwatch"
+    return commands

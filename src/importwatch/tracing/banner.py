@@ -1,0 +1,144 @@
+"""What a log starts with: the process, the interpreter, the environment that matters for hangs;
+and the one rule that masks secrets in it, and wherever else importwatch shows a command line."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from importwatch.facts.cuda import describe_torch, driver_verdicts, gpus
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+    from importwatch.facts.cuda import TorchFacts
+    from importwatch.tracing.sink import Sink
+
+# Variables that decide where a job looks for libraries, devices and peers.
+VARIABLES = (
+    "CUDA_VISIBLE_DEVICES",
+    "NVIDIA_VISIBLE_DEVICES",
+    "CUDA_HOME",
+    "CUDA_PATH",
+    "LD_LIBRARY_PATH",
+    "LD_PRELOAD",
+    "PYTHONPATH",
+    "PYTHONHOME",
+    "VIRTUAL_ENV",
+    "CONDA_PREFIX",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "OMP_NUM_THREADS",
+)
+PREFIXES = ("NCCL_", "TORCH_", "CUDA_", "GLOO_", "TORCHELASTIC_")
+
+
+# -- secrets ------------------------------------------------------------------------------------
+# A log is often read by others than the job's owner (attached to a ticket, left in a shared
+# folder): the start line's argv, the env line, doctor's environment and the watcher's view of
+# other processes' command lines all pass through these.
+MASK = "***"
+
+
+def is_secret(name: str) -> bool:
+    """Whether NAME (a variable, an option, a NAME=value's name) holds TOKEN, SECRET, PASSWORD,
+    PASSWD or KEY, in any case."""
+    upper = name.upper()
+    # Spelled out, not any() over a generator: this runs for every argument at start-up.
+    return "TOKEN" in upper or "SECRET" in upper or "PASSWORD" in upper or "PASSWD" in upper or "KEY" in upper
+
+
+def mask_argv(argv: list[str]) -> list[str]:
+    """ARGV with the values of secret-looking options masked.
+
+    `--password=xyz` and `db.api_key=xyz` (a NAME=value anywhere) keep their name;
+    `--token X` and `-password X` mask the next argument, unless it is a long option itself.
+    """
+    masked: list[str] = []
+    hide_next = False
+    for arg in argv:
+        if hide_next:
+            hide_next = False
+            if not arg.startswith("--"):
+                masked.append(MASK)
+                continue
+        name, equals, _ = arg.partition("=")
+        if equals and is_secret(name):
+            masked.append(name + equals + MASK)
+            continue
+        if arg.startswith("-") and len(arg) > 1 and is_secret(arg):
+            hide_next = True
+        masked.append(arg)
+    return masked
+
+
+def mask_environment(variables: dict[str, str]) -> dict[str, str]:
+    """VARIABLES with the value of each secret-looking name masked, in the same order."""
+    return {name: MASK if is_secret(name) else value for name, value in variables.items()}
+
+
+def relevant_environment(environ: dict[str, str] | os._Environ[str] = os.environ) -> dict[str, str]:
+    """The variables that matter for hangs, those that are set, in a stable order, secrets masked."""
+    found = {name: environ[name] for name in VARIABLES if name in environ}
+    for name in sorted(environ):
+        if name.startswith(PREFIXES) and name not in found:
+            found[name] = environ[name]
+    return mask_environment(found)
+
+
+def write_banner(sink: Sink, argv: list[str]) -> None:
+    """The first lines of a traced process: who it is, and what it was given (secrets masked)."""
+    argv = mask_argv(argv)
+    try:
+        cwd = os.getcwd()
+    except OSError as error:
+        cwd = f"<unavailable: {error.strerror}>"
+    version = ".".join(str(part) for part in sys.version_info[:3])
+    system = os.uname()  # not the platform module: it costs milliseconds at start-up
+    where = f"{system.sysname}-{system.release}-{system.machine}"
+    text = f"start python {version} {sys.executable} argv={argv!r} cwd={cwd} platform={where}"
+    fields = {"python": version, "executable": sys.executable, "argv": argv, "cwd": cwd, "platform": where}
+    if sink.dump_fd() != sink.stderr.fd:
+        # A stall that holds the GIL (a dlopen) can only be dumped by faulthandler, to one file: the
+        # log. Said now, on the terminal too, since nothing of ours can speak there at that moment.
+        text += f" dumps={sink.log_path}"
+        fields["dumps"] = sink.log_path
+    sink.event("start", text, fields)
+    variables = relevant_environment()
+    text = " ".join(f"{name}={value}" for name, value in variables.items())
+    if not text:
+        text = "(no CUDA, library path or distributed variable is set)"
+    sink.event("env", f"env {text}", {"env": variables})
+
+
+def torch_loaded(sink: Sink, torch: Any) -> None:
+    """Once torch has imported: its version and the CUDA it was built for, without touching CUDA."""
+    version = getattr(torch, "__version__", "?")
+    cuda = getattr(getattr(torch, "version", None), "cuda", None)
+    build = f"built for CUDA {cuda}" if cuda else "CPU build, no CUDA"
+    where = os.path.dirname(getattr(torch, "__file__", "") or "") or "?"
+    sink.event(
+        "torch",
+        f"torch {version} ({build}) at {where}",
+        {"version": str(version), "cuda": cuda, "path": where},
+    )
+
+
+def torch_before(sink: Sink, facts: TorchFacts | None, driver: str | None) -> None:
+    """Before torch starts importing: what its files say, so a hang inside `import torch` has it logged."""
+    if facts is None:
+        return
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    line = describe_torch(facts, driver, gpus(), visible)
+    sink.event(
+        "torch",
+        f"{line} (from its files, before import)",
+        {"version": facts.version, "cuda": facts.cuda, "path": facts.path, "driver": driver},
+    )
+    for verdict in driver_verdicts(facts, driver):
+        sink.event("verdict", f"! {verdict}", {"verdict": verdict})

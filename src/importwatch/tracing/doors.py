@@ -1,0 +1,307 @@
+"""The other doors into the import system: waits for a module still initialising, and module bodies run
+by a loader outside an import statement (LazyLoader, spec_from_file_location, runpy, reload).
+
+``_find_and_load`` (hook.py) sees every import that misses ``sys.modules``.
+These ways to run or wait for a module's body pass it by; each is wrapped where
+an import that does not use it pays nothing:
+
+- ``_lock_unlock_module``: the C import code looks it up by name when the module
+  is in ``sys.modules`` but its ``__spec__._initializing`` is set, so only for a
+  module whose body is still running. It becomes an event only when another
+  thread holds the module's lock (a wait); the same thread re-entering its own
+  module (a circular import) passes through after one dictionary look-up.
+- a loader class's ``exec_module``, once ``importlib.util`` has helped make a
+  module for that class (spec_from_file_location, module_from_spec, LazyLoader:
+  the ways plugin systems, pytest's importlib mode and lazy loading make theirs).
+  From then on an import statement runs the wrapper too, inside
+  ``_find_and_load``, whose event is already on top of the thread's chain: it
+  passes through after one comparison (about 2,200 instructions an import).
+- ``importlib.reload``, ``runpy.run_path`` and ``runpy.run_module`` (``python -m``
+  itself uses neither).
+"""
+
+from __future__ import annotations
+
+import _frozen_importlib as _bootstrap
+import _thread
+import os
+import sys
+import time
+import types
+
+from importwatch.tracing.forklocks import forgotten_in_parent, note_locks_at_fork, owner_text
+from importwatch.tracing.hook import WAITING, TracedStep, as_importlib_frame
+from importwatch.tracing.sink import escape
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable
+
+    from importwatch.tracing.hook import Tracer
+
+
+_fork_hooks = False
+
+
+class DoorStep(TracedStep):
+    """An event of this module in flight: a wait for a module lock, or a body run by a loader."""
+
+    __slots__ = ("origin", "owner")
+
+    def __init__(self, name: str, start: float, owner: int | None = None, origin: str | None = None) -> None:
+        super().__init__(name, start)
+        self.owner = owner  # the thread holding the lock waited for; None for a body being run
+        self.origin = origin
+
+    def where(self, ident: int, thread_name: Callable[[int], str]) -> str:
+        if self.owner is not None:
+            return f"{WAITING} held by {owner_text(self.name, self.owner, thread_name)}"
+        if self.origin is not None:
+            return f"loading {self.origin}"
+        return super().where(ident, thread_name)
+
+
+def _lock_owner(name: str) -> int | None:
+    """The thread other than this one that holds module NAME's lock now, if any."""
+    ref = _bootstrap._module_locks.get(name)
+    lock = ref() if ref is not None else None
+    owner = getattr(lock, "owner", None)
+    if owner is None or owner == _thread.get_ident():
+        return None
+    return owner
+
+
+class Doors:
+    """Installs and removes the wrappers; each turns what it sees into the tracer's start and end lines."""
+
+    def __init__(self, tracer: Tracer) -> None:
+        self.tracer = tracer
+        self._saved: list[tuple[Any, str, Any]] = []  # (owner, attribute, original), to put back
+        self._loader_classes: set[type] = set()
+
+    # -- installing --------------------------------------------------------------------
+    def install(self) -> None:
+        if self._saved:
+            return
+        global _fork_hooks
+        if not _fork_hooks:  # once per process: fork hooks cannot be taken back
+            _fork_hooks = True
+            os.register_at_fork(before=note_locks_at_fork, after_in_parent=forgotten_in_parent)
+        lock_unlock = getattr(_bootstrap, "_lock_unlock_module", None)
+        if lock_unlock is not None:
+            self._replace(_bootstrap, "_lock_unlock_module", as_importlib_frame(self._make_wait(lock_unlock)))
+        for name, wrap in self._modules():
+            self.tracer.on_end[name] = wrap
+            module = sys.modules.get(name)
+            if module is not None:
+                wrap(module)
+
+    def uninstall(self) -> None:
+        for owner, attribute, original in reversed(self._saved):
+            setattr(owner, attribute, original)
+        self._saved.clear()
+        self._loader_classes.clear()
+        for name, _ in self._modules():
+            self.tracer.on_end.pop(name, None)
+
+    def _modules(self) -> tuple[tuple[str, Callable[[Any], None]], ...]:
+        """The modules with doors of their own, and what wraps them once they are there."""
+        return (
+            ("runpy", self._wrap_runpy),
+            ("importlib.util", self._wrap_util),
+            ("importlib", self._wrap_reload),
+        )
+
+    def _replace(self, owner: Any, attribute: str, replacement: Any) -> None:
+        self._saved.append((owner, attribute, owner.__dict__[attribute]))
+        setattr(owner, attribute, replacement)
+
+    # -- running one event ---------------------------------------------------------------
+    def _run(self, frame: DoorStep, function: Callable, *args: Any) -> Any:
+        """FUNCTION(*ARGS) as the event FRAME: its start line, then its end line however it ends."""
+        tracer = self.tracer
+        sink = tracer.sink
+        ident = _thread.get_ident()
+        stack = tracer.stacks.get(ident)
+        fresh = stack is None
+        if fresh:
+            stack = tracer.stacks[ident] = []
+            tracer.native_ids[ident] = _thread.get_native_id()
+        parent = stack[-1].name if stack else None
+        indent = "  " * len(stack)
+        shown = escape(frame.name)
+        stack.append(frame)
+        if fresh and tracer.on_deadline is not None:
+            tracer.on_deadline(None)
+        fields = {"name": frame.name, "parent": parent}
+        if frame.owner is not None:
+            fields["waits_for"] = owner_text(frame.name, frame.owner, sink.thread_name)
+        if frame.origin is not None:
+            fields["origin"] = frame.origin
+        sink.event("import", f"{indent}> {shown}", fields)
+        failure = None
+        try:
+            return function(*args)
+        except BaseException as error:
+            failure = f"{type(error).__name__}: {error}"
+            raise
+        finally:
+            now = tracer.pop(frame)
+            ms = (now - frame.start) * 1000.0
+            fields = {"name": frame.name, "parent": parent, "ms": ms}
+            if failure is None:
+                sink.event("import_end", f"{indent}< {shown} {ms:.3f} ms", fields)
+            else:
+                fields["error"] = failure
+                sink.event("import_end", f"{indent}< {shown} {ms:.3f} ms failed {failure}", fields)
+
+    # -- waits for a module still initialising ---------------------------------------------
+    def _make_wait(self, original: Callable) -> Callable:
+        doors = self
+
+        def _lock_unlock_module(name: str) -> Any:
+            owner = _lock_owner(name)
+            if owner is None:  # free, or ours (a circular import): no wait
+                return original(name)
+            return doors._run(DoorStep(name, time.monotonic(), owner=owner), original, name)
+
+        return _lock_unlock_module
+
+    # -- module bodies run by a loader --------------------------------------------------------
+    def _wrap_exec_module(self, klass: type) -> None:
+        """Have KLASS's exec_module announce the bodies it runs outside an import of the same module."""
+        if klass in self._loader_classes or "exec_module" not in vars(klass):
+            return
+        self._loader_classes.add(klass)
+        original = vars(klass)["exec_module"]
+        if not isinstance(original, types.FunctionType):
+            return  # a static or class method, or one in C: left alone
+        stacks = self.tracer.stacks
+        get_ident = _thread.get_ident
+        doors = self
+
+        def exec_module(loader: Any, module: Any) -> Any:
+            # An import statement's own call: its event is on top. A plain attribute read is the
+            # cheapest test (70 ns a call against 300 for ModuleType.__getattribute__); a lazy
+            # module answers it as it runs its body, without starting it again.
+            try:
+                name = module.__name__
+            except AttributeError:  # not a module: the loader's own error, untouched
+                return original(loader, module)
+            stack = stacks.get(get_ident())
+            if stack and stack[-1].name == name:  # inside the import of this very module
+                return original(loader, module)
+            if not isinstance(name, str):
+                return original(loader, module)
+            origin = getattr(getattr(module, "__spec__", None), "origin", None)
+            frame = DoorStep(name, time.monotonic(), origin=origin if isinstance(origin, str) else None)
+            return doors._run(frame, original, loader, module)
+
+        try:
+            self._replace(klass, "exec_module", as_importlib_frame(exec_module))
+        except (TypeError, AttributeError):
+            pass  # a class that cannot be changed
+
+    def _wrap_util(self, util: Any) -> None:
+        """importlib.util: the loader classes of the modules it helps make are wrapped (_wrap_exec_module).
+
+        spec_from_file_location and module_from_spec (the recipe of plugin systems and
+        of pytest's importlib mode) wrap their spec's loader class; LazyLoader wraps the
+        class of the loader it holds, whose exec_module runs the body when the module's
+        first attribute is touched. An import that uses none of them costs nothing more.
+        """
+        doors = self
+        lazy = getattr(util, "LazyLoader", None)
+
+        def loader_of(spec: Any) -> None:
+            loader = getattr(spec, "loader", None)
+            if lazy is not None and isinstance(loader, lazy):
+                loader = getattr(loader, "loader", None)
+            if loader is not None:
+                doors._wrap_loader(type(loader))
+
+        def module_from_spec(spec: Any) -> Any:
+            module = original_module_from_spec(spec)
+            loader_of(spec)
+            return module
+
+        def spec_from_file_location(*args: Any, **kwargs: Any) -> Any:
+            spec = original_spec_from_file_location(*args, **kwargs)
+            loader_of(spec)
+            return spec
+
+        original_module_from_spec = getattr(util, "module_from_spec", None)
+        original_spec_from_file_location = getattr(util, "spec_from_file_location", None)
+        for name, wrapper in (
+            ("module_from_spec", module_from_spec),
+            ("spec_from_file_location", spec_from_file_location),
+        ):
+            self._wrap_function(util, name, wrapper)
+        original_lazy = vars(lazy).get("exec_module") if lazy is not None else None
+        if original_lazy is not None and not getattr(original_lazy, "_importwatch", False):
+
+            def exec_module(loader: Any, module: Any) -> Any:
+                doors._wrap_loader(type(getattr(loader, "loader", None)))
+                return original_lazy(loader, module)
+
+            traced = as_importlib_frame(exec_module)
+            traced._importwatch = True  # type: ignore[attr-defined]
+            self._replace(lazy, "exec_module", traced)
+
+    def _wrap_function(self, owner: Any, name: str, wrapper: Callable) -> None:
+        """Replace OWNER.NAME by WRAPPER, once, with the original's name and docstring."""
+        original = owner.__dict__.get(name)
+        if original is None or getattr(original, "_importwatch", False):
+            return
+        traced = as_importlib_frame(wrapper, name)
+        traced.__doc__ = getattr(original, "__doc__", None)
+        traced.__name__ = traced.__qualname__ = name
+        traced._importwatch = True  # type: ignore[attr-defined]
+        self._replace(owner, name, traced)
+
+    def _wrap_reload(self, importlib: Any) -> None:
+        """importlib.reload runs a module's body again: an event named by the module."""
+        original = importlib.__dict__.get("reload")
+        doors = self
+
+        def reload(module: Any) -> Any:
+            name = getattr(module, "__name__", None)
+            if not isinstance(name, str):
+                return original(module)  # not a module: reload's own error, untouched
+            origin = getattr(getattr(module, "__spec__", None), "origin", None)
+            frame = DoorStep(name, time.monotonic(), origin=origin if isinstance(origin, str) else None)
+            return doors._run(frame, original, module)
+
+        self._wrap_function(importlib, "reload", reload)
+
+    def _wrap_loader(self, loader_class: type) -> None:
+        """Wrap the exec_module LOADER_CLASS runs: the one of the first class in its MRO that defines it."""
+        for klass in loader_class.__mro__:
+            if "exec_module" in vars(klass):
+                self._wrap_exec_module(klass)
+                return
+
+    def _wrap_runpy(self, runpy: Any) -> None:
+        """runpy.run_path and run_module (not python -m's own path): the code they run is an event."""
+        doors = self
+        run_path = runpy.__dict__.get("run_path")
+        run_module = runpy.__dict__.get("run_module")
+
+        def traced_run_path(path_name: Any, init_globals: Any = None, run_name: Any = None) -> Any:
+            name = run_name if isinstance(run_name, str) else "<run_path>"
+            origin = path_name if isinstance(path_name, str) else repr(path_name)
+            frame = DoorStep(name, time.monotonic(), origin=origin)
+            return doors._run(frame, run_path, path_name, init_globals, run_name)
+
+        def traced_run_module(
+            mod_name: Any, init_globals: Any = None, run_name: Any = None, alter_sys: Any = False
+        ) -> Any:
+            frame = DoorStep(str(mod_name), time.monotonic())
+            return doors._run(frame, run_module, mod_name, init_globals, run_name, alter_sys)
+
+        self._wrap_function(runpy, "run_path", traced_run_path)
+        self._wrap_function(runpy, "run_module", traced_run_module)
+
+
+# Our frames under importlib's file name, as hook.py files its own (tracebacks read as without us).
+Doors._run = as_importlib_frame(Doors._run)  # type: ignore[method-assign]

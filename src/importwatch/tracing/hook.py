@@ -1,0 +1,317 @@
+"""The import hook: every import that misses sys.modules becomes a start event and an end event.
+
+``importlib._bootstrap._find_and_load`` is looked up by name on every import
+that misses ``sys.modules``, whichever finder serves it (also those inserted
+ahead of others, ``importlib.import_module``, imports made from C, and ``from
+pkg import sub``). The start event is written there, before the module lock is
+taken and before any finder runs, so a blocked file system or a lock held by
+another thread is already named.
+
+Where an import in flight stands (waiting for another thread's module lock,
+finding, loading which file) is read from importlib's own records when a report
+needs it, which keeps everything but the two events off the hot path.
+"""
+
+from __future__ import annotations
+
+import _frozen_importlib as _bootstrap
+import _thread
+import sys
+import time
+import types
+
+from importwatch.tracing.forklocks import owner_text
+from importwatch.tracing.sink import escape
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing costs milliseconds at start-up; annotations alone need it
+    from typing import Any, Callable
+
+    from importwatch.tracing.sink import Sink
+
+# Phases of an import in flight, as a stall report names them.
+WAITING = "waiting for the module lock"
+WAITING_GLOBAL = "waiting for the import lock"
+FINDING = "finding"
+LOADING = "loading"
+
+
+def _codes(phase: str, *functions: Any) -> dict[Any, str]:
+    return {function.__code__: phase for function in functions if hasattr(function, "__code__")}
+
+
+# Where a thread that has no module in sys.modules yet stands, by the innermost of these frames:
+# the global lock is held by any thread running a finder; module_from_spec runs create_module.
+_PHASE_OF_FRAME = {
+    **_codes(WAITING_GLOBAL, getattr(_bootstrap, "_get_module_lock", None)),
+    **_codes(WAITING_GLOBAL, getattr(getattr(_bootstrap, "_ImportLockContext", None), "__enter__", None)),
+    **_codes(LOADING, getattr(_bootstrap, "module_from_spec", None)),
+    **_codes(FINDING, getattr(_bootstrap, "_find_spec", None)),
+}
+
+IMPORTLIB_FILENAME = _bootstrap._find_and_load.__code__.co_filename
+NEVER = float("inf")
+
+
+class TracedStep:
+    """One import, native load or phase in flight on one thread."""
+
+    __slots__ = ("context", "kind", "name", "progress", "start", "timeout")
+
+    def __init__(self, name: str, start: float, kind: str = "import") -> None:
+        self.name = name
+        self.kind = kind
+        self.start = start
+        self.progress = start  # last sign of life: the start, or the end of a nested step
+        # A phase's or step's own stall threshold, counted from its start (None: the watchdog's,
+        # counted from the last progress), and what a stall report should add about it.
+        self.timeout: float | None = None
+        self.context: Callable[[], list[str]] | None = None
+
+    def describe(self, now: float, ident: int, thread_name: Callable[[int], str]) -> str:
+        """NAME (PHASE, AGE) for a report; IDENT is the thread it runs in, named by THREAD_NAME."""
+        if self.kind != "import":
+            return f"{self.name} ({now - self.start:.1f} s)"
+        return f"{self.name} ({self.where(ident, thread_name)}, {now - self.start:.1f} s)"
+
+    def where(self, ident: int, thread_name: Callable[[int], str]) -> str:
+        """The import's phase, read when a report needs it rather than tracked on the hot path.
+
+        A module is in sys.modules from the moment its loader starts running it.
+        Before that, its thread waits for the module's lock (importlib records
+        which, for its own deadlock check), or its innermost importlib frame tells:
+        waiting for importlib's global lock, finding, or creating the module.
+        """
+        module = sys.modules.get(self.name)
+        if module is None:
+            owner = lock_owner(ident, self.name)
+            if owner is not None:
+                return f"{WAITING} held by {owner_text(self.name, owner, thread_name)}" if owner else WAITING
+            return _phase_of_stack(ident)
+        spec = getattr(module, "__spec__", None)
+        origin = getattr(spec, "origin", None)
+        if getattr(spec, "has_location", False) and isinstance(origin, str):
+            return f"{LOADING} {origin}"
+        return LOADING
+
+
+def _phase_of_stack(ident: int) -> str:
+    """Thread IDENT's phase as its innermost importlib frame tells (finding when none does)."""
+    frame = sys._current_frames().get(ident)
+    while frame is not None:
+        phase = _PHASE_OF_FRAME.get(frame.f_code)
+        if phase is not None:
+            return phase
+        frame = frame.f_back
+    return FINDING
+
+
+def lock_owner(ident: int, name: str) -> int | None:
+    """When thread IDENT waits for module NAME's import lock: the thread that holds it (0 if unknown).
+
+    importlib notes, per waiting thread, the lock it waits for (up to 3.11) or a
+    list of them (3.12 on) in ``_blocking_on``; each lock knows its name and owner.
+    """
+    blocking = getattr(_bootstrap, "_blocking_on", None)
+    try:
+        entry = blocking.get(ident) if blocking is not None else None
+        locks = list(entry) if isinstance(entry, list) else [entry]
+    except Exception:  # a private structure of another version: no phase rather than no report
+        return None
+    for lock in locks:
+        if getattr(lock, "name", None) == name:
+            return getattr(lock, "owner", None) or 0
+    return None
+
+
+def as_importlib_frame(function: Callable, name: str | None = None) -> Callable:
+    """The same function, its frames filed under importlib's own file name.
+
+    CPython strips importlib's frames from the traceback of a failed import
+    (import.c, remove_importlib_frames), matching on the code's file name. Our
+    wrapper sits between them; under importlib's name it is stripped with them,
+    so tracebacks read exactly as they do without importwatch.
+    """
+    code = function.__code__
+    code = code.replace(co_filename=IMPORTLIB_FILENAME, co_name=code.co_name if name is None else name)
+    clone = types.FunctionType(
+        code, function.__globals__, function.__name__, function.__defaults__, function.__closure__
+    )
+    clone.__qualname__ = function.__qualname__
+    return clone
+
+
+class Tracer:
+    """Keeps the imports in flight per thread and reports their start and end to the sink."""
+
+    def __init__(self, sink: Sink) -> None:
+        self.sink = sink
+        self.stacks: dict[int, list[TracedStep]] = {}
+        self.native_ids: dict[int, int] = {}  # thread ident: kernel thread id
+        self.on_start: dict[str, Callable[[str], None]] = {}
+        self.on_end: dict[str, Callable[[Any], None]] = {}
+        self.on_progress: Callable[[float], None] | None = None
+        # From when a step's end must be told to on_progress: the watchdog keeps it (see
+        # Watchdog._tell_due). A comparison on every import instead of a call, which almost none need.
+        self.progress_due = NEVER
+        # Called around steps that hold the GIL (a dlopen): the heartbeat cannot run then.
+        self.on_gil_held: Callable[[TracedStep], None] | None = None
+        self.on_gil_released: Callable[[TracedStep], None] | None = None
+        # Called with the step's own threshold (None: the watchdog's) when a step begins that the
+        # watchdog may not be watching yet: the first on a thread with nothing in flight, or one with
+        # a threshold of its own.
+        self.on_deadline: Callable[[float | None], None] | None = None
+        self._errors_said: set[str] = set()
+        self._saved: Callable | None = None  # the original _find_and_load while installed
+
+    # -- installing ------------------------------------------------------------
+    @property
+    def installed(self) -> bool:
+        return self._saved is not None
+
+    def install(self) -> None:
+        if self._saved is not None:
+            return
+        self._saved = _bootstrap._find_and_load
+        _bootstrap._find_and_load = as_importlib_frame(self._make_find_and_load(self._saved))
+
+    def uninstall(self) -> None:
+        if self._saved is None:
+            return
+        _bootstrap._find_and_load = self._saved
+        self._saved = None
+
+    # -- the hot path ------------------------------------------------------------
+    def _make_find_and_load(self, original: Callable) -> Callable:
+        stacks = self.stacks
+        sink = self.sink
+        emit = sink.emit
+        on_start = self.on_start
+        on_end = self.on_end
+        get_ident = _thread.get_ident
+        get_native_id = _thread.get_native_id
+        native_ids = self.native_ids
+        clock = time.monotonic
+        tracer = self
+
+        def _find_and_load(name: str, import_: Callable) -> Any:
+            if name in sys.modules:  # importlib.import_module of a loaded module, or a lock wait
+                return original(name, import_)
+            shown = name if name.isascii() and name.isprintable() else escape(name)  # once, for both lines
+            hook = on_start.get(name)
+            if hook is not None:  # before the stack is taken: a callback may import
+                tracer.safely(hook, name)
+            ident = get_ident()
+            stack = stacks.get(ident)
+            if stack is None:
+                stack = stacks[ident] = []
+                native_ids[ident] = get_native_id()  # for the watchdog's look at its CPU time
+                if tracer.on_deadline is not None:
+                    tracer.on_deadline(None)
+            parent = stack[-1].name if stack else None
+            indent = "  " * len(stack)
+            frame = TracedStep(name, clock())
+            stack.append(frame)
+            # The fields are only made when a JSON log will write them.
+            emit(
+                "import", f"{indent}> {shown}", {"name": name, "parent": parent} if sink.structured else None
+            )
+            failure = None
+            try:
+                module = original(name, import_)
+            except BaseException as error:
+                failure = f"{type(error).__name__}: {error}"
+                raise
+            finally:  # the end line, whichever way the import ended
+                # Our own frame, by identity, and the thread's entry only while it is still this
+                # list: whatever ran in between (a re-entrant import, a fork) may have changed both.
+                if stack and stack[-1] is frame:
+                    stack.pop()
+                elif frame in stack:
+                    stack.remove(frame)
+                now = clock()
+                if stack:
+                    stack[-1].progress = now
+                elif stacks.get(ident) is stack:
+                    del stacks[ident]
+                ms = (now - frame.start) * 1000.0
+                if failure is None:
+                    fields = {"name": name, "parent": parent, "ms": ms} if sink.structured else None
+                    emit("import_end", f"{indent}< {shown} {ms:.3f} ms", fields)
+                else:  # an exception's text may need escaping
+                    fields = {"name": name, "parent": parent, "ms": ms, "error": failure}
+                    sink.event("import_end", f"{indent}< {shown} {ms:.3f} ms failed {failure}", fields)
+                if now >= tracer.progress_due and tracer.on_progress is not None:
+                    tracer.on_progress(now)
+            hook = on_end.get(name)
+            if hook is not None:
+                tracer.safely(hook, module)
+            return module
+
+        return _find_and_load
+
+    # -- steps other than imports ------------------------------------------------
+    def push(self, name: str, kind: str, timeout: float | None = None) -> tuple[TracedStep, int]:
+        """Put a native load or a phase in flight on this thread; returns it and its depth.
+
+        TIMEOUT is the step's own stall threshold, counted from its start (None: the watchdog's).
+        """
+        ident = _thread.get_ident()
+        stack = self.stacks.get(ident)
+        fresh = stack is None
+        if fresh:
+            stack = self.stacks[ident] = []
+            self.native_ids[ident] = _thread.get_native_id()
+        frame = TracedStep(name, time.monotonic(), kind)
+        frame.timeout = timeout
+        stack.append(frame)
+        if (fresh or timeout is not None) and self.on_deadline is not None:
+            self.on_deadline(timeout)
+        if kind == "native" and self.on_gil_held is not None:
+            self.on_gil_held(frame)
+        return frame, len(stack) - 1
+
+    def pop(self, frame: TracedStep) -> float:
+        """End a step put in flight by push(); returns the time it ended."""
+        ident = _thread.get_ident()
+        stack = self.stacks.get(ident)
+        now = time.monotonic()
+        if stack and stack[-1] is frame:
+            stack.pop()
+            if stack:
+                stack[-1].progress = now
+            else:
+                del self.stacks[ident]
+        elif stack and frame in stack:  # a phase left out of order (a generator): never leave it behind
+            stack.remove(frame)
+        if frame.kind == "native" and self.on_gil_released is not None:
+            self.on_gil_released(frame)
+        if now >= self.progress_due and self.on_progress is not None:
+            self.on_progress(now)
+        return now
+
+    # -- helpers -------------------------------------------------------------
+
+    def in_flight(self) -> dict[int, list[TracedStep]]:
+        """A snapshot of the chains in flight, per thread ident."""
+        return {ident: list(stack) for ident, stack in list(self.stacks.items()) if stack}
+
+    def safely(self, function: Callable, argument: Any) -> None:
+        """Run one of our own callbacks; a failure of ours is said once and never reaches the program."""
+        try:
+            function(argument)
+        except Exception as error:
+            self.internal_error(getattr(function, "__qualname__", "a callback"), error)
+
+    def internal_error(self, where: str, error: BaseException) -> None:
+        """A bug of ours: said once per place, and the program goes on."""
+        if where in self._errors_said:
+            return
+        self._errors_said.add(where)
+        self.sink.warn(f"importwatch internal error in {where}: {type(error).__name__}: {error}")
+
+    def after_fork_in_child(self) -> None:
+        """Only the forking thread survives a fork: drop the others' chains."""
+        ident = _thread.get_ident()
+        for other in [key for key in self.stacks if key != ident]:
+            del self.stacks[other]

@@ -1,0 +1,267 @@
+"""Native loads: the dlopen of extension modules and of ctypes libraries, as start and end events.
+
+The start line is written before dlopen is called: dlopen holds the GIL, so
+while it hangs nothing in Python can speak, and the last start line without an
+end is what names the culprit. The call itself runs through a frame named
+after the file, so faulthandler's dump of the hung thread names it too.
+"""
+
+from __future__ import annotations
+
+import _frozen_importlib as _bootstrap
+import _frozen_importlib_external as _external
+import os
+import sys
+
+from importwatch.facts.cuda import driver_version, explain_load_error, find_torch, native_verdicts
+from importwatch.facts.elf import cuda_needs, library_stem, read_dynamic
+from importwatch.facts.loaded import LoadedObjects
+from importwatch.facts.mapped import MappedObjects
+from importwatch.tracing.hook import as_importlib_frame
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable
+
+    from importwatch.facts.cuda import TorchFacts
+    from importwatch.facts.elf import DynamicInfo
+    from importwatch.tracing.hook import TracedStep, Tracer
+
+
+_TORCH = ("libc10", "libtorch", "libshm", "libcaffe2")  # torch's own libraries, by name stem
+
+
+def _dists() -> Any:
+    """importwatch.facts.dists, loaded when a load first needs it (an extension that links torch or CUDA).
+
+    Not through the import system: the hook would log it as the program's import, in the middle
+    of the load; nor at start-up, which it would make 0.1 ms slower for every traced program.
+    """
+    module = sys.modules.get("importwatch.facts.dists")
+    if module is None:
+        name, path = (
+            "importwatch.facts.dists",
+            os.path.join(os.path.dirname(os.path.dirname(__file__)), "facts", "dists.py"),
+        )
+        loader = _external.SourceFileLoader(name, path)
+        module = _bootstrap.module_from_spec(_bootstrap.spec_from_loader(name, loader))
+        loader.exec_module(module)  # it imports only os, already loaded
+        sys.modules[name] = module
+    return module
+
+
+def _call(function: Callable, *args: Any) -> Any:
+    return function(*args)
+
+
+def _named_call(path: str, owner: str) -> Callable:
+    """_call, its frame shown by faulthandler as `... in dlopen PATH for OWNER`.
+
+    A hung dlopen holds the GIL, and then faulthandler's dump is all that can
+    speak; its frames would only say create_module. Like our other frames on the
+    import path, it is filed under importlib's name, so CPython strips it from
+    the traceback of a failed import.
+    """
+    return as_importlib_frame(_call, f"dlopen {path} for {owner}")
+
+
+class NativeLoads:
+    """Wraps the places where Python code calls dlopen, and reports each call."""
+
+    def __init__(self, tracer: Tracer) -> None:
+        self.tracer = tracer
+        self.sink = tracer.sink
+        self._create_module: Callable | None = None
+        self._ctypes: Any = None
+        self._ctypes_dlopen: Callable | None = None
+        self._facts: tuple[TorchFacts | None, str | None] | None = None
+        self._owners: Any = None  # dists.Owners: which distribution installed a file, from RECORDs
+        self._objects: MappedObjects | None = None
+        # The loader's own list, once the program has imported ctypes: False where it cannot be read.
+        self._loaded: LoadedObjects | bool | None = None
+
+    def install(self) -> None:
+        if self._create_module is None:
+            self._create_module = _external.ExtensionFileLoader.create_module
+            original = self._create_module
+            loads = self
+
+            def create_module(loader: Any, spec: Any) -> Any:
+                return loads.load(original, (loader, spec), spec.origin, spec.name)
+
+            create_module.__qualname__ = "ExtensionFileLoader.create_module"
+            _external.ExtensionFileLoader.create_module = as_importlib_frame(create_module)
+        self.tracer.on_end["ctypes"] = self.wrap_ctypes
+        ctypes = sys.modules.get("ctypes")
+        if ctypes is not None:
+            self.wrap_ctypes(ctypes)
+
+    def uninstall(self) -> None:
+        if self._create_module is not None:
+            _external.ExtensionFileLoader.create_module = self._create_module
+            self._create_module = None
+        self.tracer.on_end.pop("ctypes", None)
+        if self._ctypes is not None:
+            self._ctypes._dlopen = self._ctypes_dlopen
+            self._ctypes = self._ctypes_dlopen = None
+
+    def wrap_ctypes(self, ctypes: Any) -> None:
+        """ctypes.CDLL, PyDLL and cdll.LoadLibrary all call the module's _dlopen."""
+        original = getattr(ctypes, "_dlopen", None)
+        if original is None or self._ctypes is not None:
+            return
+        loads = self
+
+        def _dlopen(name: Any, *args: Any) -> Any:
+            if name is None:  # the main program's own symbols: nothing is loaded
+                return original(name, *args)
+            try:
+                return loads.load(original, (name, *args), str(name), "ctypes")
+            except BaseException as error:
+                # The error passes through as dlopen raised it; only our frames are dropped.
+                error.__traceback__ = None
+                raise
+
+        self._ctypes, self._ctypes_dlopen = ctypes, original
+        ctypes._dlopen = _dlopen
+
+    def load(self, function: Callable, args: tuple, path: str, owner: str) -> Any:
+        """Call FUNCTION(*ARGS), which dlopens PATH for OWNER, between a start and an end line.
+
+        Before the call, everything a hang report needs is already written: the
+        file, the CUDA libraries it links, and any verdict about them.
+        """
+        tracer = self.tracer
+        frame, depth = tracer.push(f"dlopen {path}", "native")
+        indent = "  " * depth
+        fields: dict[str, Any] = {"path": path, "owner": owner}
+        rescan = self._announce(frame, indent, fields)
+        try:
+            result = _named_call(path, owner)(function, *args)
+        except BaseException as error:
+            now = tracer.pop(frame)
+            ms = (now - frame.start) * 1000.0
+            message = f"{type(error).__name__}: {error}"
+            fields.update(ms=ms, error=message)
+            self.sink.event("native_end", f"{indent}< dlopen {path} {ms:.3f} ms failed {message}", fields)
+            if isinstance(error, (ImportError, OSError)):
+                self._explain(str(error), path)
+            raise
+        now = tracer.pop(frame)
+        ms = (now - frame.start) * 1000.0
+        fields["ms"] = ms
+        listing = self._pulled_in(rescan, path, fields)
+        self.sink.event("native_end", f"{indent}< dlopen {path} {ms:.3f} ms{listing}", fields)
+        return result
+
+    def _announce(self, frame: TracedStep, indent: str, fields: dict[str, Any]) -> bool:
+        """The start line and any verdict, before dlopen; True when the mapped set may grow."""
+        path = fields["path"]
+        try:
+            info = read_dynamic(path) if os.sep in path else None  # a bare ctypes name is no file yet
+            needs = cuda_needs(info.needed) if info is not None else []
+        except Exception as error:  # never let our reading of the file stop the load
+            self.tracer.internal_error("reading ELF", error)
+            info, needs = None, []
+        needing = ""
+        if needs:
+            fields["needs"] = needs
+            needing = f" needs {', '.join(needs)}"
+        self.sink.event("native", f"{indent}> dlopen {path} ({fields['owner']}){needing}", fields)
+        if self._loaded is None:
+            self._start_loaded()
+        try:
+            if needs or (info is not None and any(library_stem(n).startswith(_TORCH) for n in info.needed)):
+                self._say_verdicts(frame, path, info)
+            if info is None or self._loaded:  # the loader's counters make a look cheap
+                return True
+            return self._mapped().needs_rescan(info.needed)
+        except Exception as error:
+            self.tracer.internal_error("CUDA verdicts", error)
+            return False
+
+    # -- what a load says beyond its start and end -----------------------------------------
+    def torch_facts(self) -> tuple[TorchFacts | None, str | None]:
+        """torch and the driver as their files describe them, read once, when first needed."""
+        if self._facts is None:
+            self._facts = (find_torch(), driver_version())
+        return self._facts
+
+    def _say_verdicts(self, frame: TracedStep, path: str, info: DynamicInfo) -> None:
+        torch, driver = self.torch_facts()
+        verdicts = native_verdicts(path, info, torch, driver)
+        # torch's own files need no pin against torch; skipping them also spares `import torch`
+        # the read of torch's RECORD (14,000 lines, about 20 ms).
+        if torch is not None and not path.startswith(os.path.join(torch.path, "")):
+            # What the owner's metadata says (the torch it was built for) is the decisive fact: first.
+            dists = _dists()
+            if self._owners is None:
+                self._owners = dists.Owners()
+            owner = self._owners.owner(path)
+            said = dists.verdict(owner, torch) if owner is not None else None
+            if said:
+                verdicts.insert(0, said)
+        for verdict in verdicts:
+            self.sink.event("verdict", f"! {verdict}", {"path": path, "verdict": verdict})
+        if verdicts:
+            frame.context = lambda: [f"! {verdict}" for verdict in verdicts]
+
+    def _explain(self, message: str, path: str) -> None:
+        torch, _ = self.torch_facts()
+        cause = explain_load_error(message, path, torch)
+        if cause:
+            self.sink.event("verdict", f"! {cause}", {"path": path, "verdict": cause})
+
+    def mapped_now(self) -> list[str]:
+        """The shared objects mapped in this process, as of the last look (taken now if none was)."""
+        return list(self._mapped().paths)
+
+    def _mapped(self) -> MappedObjects:
+        if self._objects is None:
+            self._objects = MappedObjects()
+        return self._objects
+
+    def _pulled_in(self, rescan: bool, path: str, fields: dict[str, Any]) -> str:
+        """The shared objects this load mapped besides the file itself, as the end line's tail."""
+        try:
+            new = self._new_since_last_look(rescan, path)
+        except Exception as error:
+            self.tracer.internal_error("listing mapped objects", error)
+            return ""
+        if not new:
+            return ""
+        fields["mapped"] = new
+        return f"; mapped {len(new)} new: {', '.join(new)}"
+
+    def _new_since_last_look(self, rescan: bool, path: str) -> list[str]:
+        """What the loader's list gained, once the program has ctypes; else what the maps gained."""
+        loaded = self._loaded
+        if loaded:
+            try:
+                return loaded.added(path)
+            except Exception:
+                # The maps again: their last look is older, so a listing may repeat some, never miss one.
+                self._loaded = False
+                raise
+        mapped = self._mapped()
+        if not rescan:
+            mapped.note(path)
+            return []
+        new = mapped.rescan()
+        if new:
+            # Maps names the file itself by its real path; resolve only a path it does not list.
+            itself = path if path in mapped.paths else os.path.realpath(path)
+            new = [other for other in new if other != itself]
+        return new
+
+    def _start_loaded(self) -> None:
+        """Read the loader's list from the load about to begin, if the program has imported ctypes."""
+        ctypes = sys.modules.get("ctypes")
+        if ctypes is None or getattr(getattr(ctypes, "__spec__", None), "_initializing", False):
+            return  # not yet; ctypes's own import loads _ctypes before it defines what we need
+        try:
+            self._loaded = LoadedObjects(ctypes)  # what is loaded now is its baseline
+        except Exception:  # no dl_iterate_phdr, a ctypes that is not the standard one, ...
+            self._loaded = False
+
+    load = as_importlib_frame(load)

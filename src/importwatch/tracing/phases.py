@@ -1,0 +1,113 @@
+"""Phase markers: checkpoint() and phase() say where a program is, and phases are watched like imports.
+
+Both are meant to stay in a program's code for good: while importwatch is off
+they cost one global lookup (checkpoint) or one small object (phase), and write
+nothing. This module imports nothing, so ``import importwatch`` stays light.
+"""
+
+from __future__ import annotations
+
+import _thread
+import time
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from types import TracebackType
+    from typing import Any, Callable
+
+    from importwatch.tracing.hook import TracedStep, Tracer
+
+# The tracer of the tracing active in this process; the session binds it, None while off.
+_tracer: Tracer | None = None
+_INFINITY = float("inf")
+
+
+def bind(tracer: Tracer | None) -> None:
+    """Where phases and checkpoints go from now on (the session's call; None: nowhere)."""
+    global _tracer
+    _tracer = tracer
+
+
+def checkpoint(name: str) -> None:
+    """Log that the program reached NAME; it counts as progress of the phase it is in."""
+    tracer = _tracer
+    if tracer is None:
+        return
+    name = str(name)
+    stack = tracer.stacks.get(_thread.get_ident())
+    now = time.monotonic()
+    if stack:
+        stack[-1].progress = now  # a phase timed from its last progress starts again from here
+    indent = "  " * len(stack) if stack else ""
+    tracer.sink.event("checkpoint", f"{indent}checkpoint {name}", {"name": name})
+
+
+# Lower case: it is used like a function, `with importwatch.phase(...)` or `@importwatch.phase(...)`.
+class phase:
+    """A named stretch of the program, logged at its start and end and watched for stalls.
+
+    ``with phase("load model", timeout=600):`` or ``@phase("load model")``. With a
+    timeout (seconds), a stall report is written once the phase has run that long
+    (0: never); without one, the watchdog's threshold applies, counted from the
+    phase's last sign of life (a nested import or native load ending, a checkpoint).
+    One object serves one ``with`` at a time; as a decorator each call gets its own.
+    """
+
+    __slots__ = ("_started", "name", "timeout")
+
+    def __init__(self, name: str, timeout: float | None = None) -> None:
+        if timeout is not None:
+            timeout = float(timeout)
+            if not 0 <= timeout < _INFINITY:
+                raise ValueError(f"phase {name!r}: timeout must be a number of seconds >= 0, not {timeout!r}")
+        self.name = name
+        self.timeout = timeout
+        self._started: tuple[Tracer, TracedStep, str, str] | None = None
+
+    def __enter__(self) -> phase:
+        tracer = _tracer
+        if tracer is not None:
+            name = str(self.name)
+            frame, depth = tracer.push(f"phase {name}", "phase", self.timeout)
+            indent = "  " * depth
+            self._started = (tracer, frame, indent, name)
+            tracer.sink.event("phase", f"{indent}> phase {name}", {"name": name, "timeout": self.timeout})
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        started = self._started
+        if started is None:
+            return
+        self._started = None
+        tracer, frame, indent, name = started
+        now = tracer.pop(frame)
+        ms = (now - frame.start) * 1000.0
+        if error is None:
+            tracer.sink.event("phase_end", f"{indent}< phase {name} {ms:.3f} ms", {"name": name, "ms": ms})
+            return
+        message = f"{type(error).__name__}: {error}"
+        tracer.sink.event(
+            "phase_end",
+            f"{indent}< phase {name} {ms:.3f} ms failed {message}",
+            {"name": name, "ms": ms, "error": message},
+        )
+
+    def __call__(self, function: Callable) -> Callable:
+        """As a decorator: each call of FUNCTION runs in this phase (tracing on or off at call time)."""
+        import functools  # only when decorating: importing importwatch must stay light
+
+        name, timeout = self.name, self.timeout
+
+        @functools.wraps(function)
+        def in_phase(*args: Any, **kwargs: Any) -> Any:
+            if _tracer is None:
+                return function(*args, **kwargs)
+            with phase(name, timeout):
+                return function(*args, **kwargs)
+
+        return in_phase

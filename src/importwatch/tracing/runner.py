@@ -1,0 +1,210 @@
+"""Runs SCRIPT, -m MODULE, -c CODE or - (stdin) exactly as python would: argv, sys.path[0], __main__, exit status.
+
+The program's own code runs from the caller's frame (``python -m importwatch``
+runs it from importwatch/__main__.py's module level), so that below its first
+frame there are no more frames of ours than ``python -m runpy`` puts there:
+``inspect.stack()`` and the recursion depth left to the program stay as python's.
+"""
+
+from __future__ import annotations
+
+import _frozen_importlib as _bootstrap
+import _frozen_importlib_external as _external
+import builtins
+import os
+import sys
+import types
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+# The importwatch package: frames from any of its files are ours.
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+class Target:
+    """What to run: kind is "script", "module", "code" or "stdin"; value the path, name, source or "-"."""
+
+    __slots__ = ("args", "kind", "value")
+
+    def __init__(self, kind: str, value: str, args: list[str]) -> None:
+        self.kind = kind
+        self.value = value
+        self.args = args
+
+    def describe(self) -> list[str]:
+        """The command line python would have been given."""
+        if self.kind == "stdin":
+            return ["-", *self.args]
+        flag = {"module": ["-m"], "code": ["-c"]}.get(self.kind, [])
+        return [*flag, self.value, *self.args]
+
+
+class Launch:
+    """What the caller runs, once __main__, sys.argv and sys.path are set: CODE in NAMESPACE, or,
+    when CODE is None, RUN_MODULE(MODULE, ALTER_ARGV) (runpy's own, for -m, directories and zips)."""
+
+    __slots__ = ("alter_argv", "code", "module", "namespace", "run_module")
+
+    def __init__(
+        self, code: types.CodeType | None, namespace: dict, module: str = "", alter_argv: bool = False
+    ):
+        self.code = code
+        self.namespace = namespace
+        self.module = module
+        self.alter_argv = alter_argv
+        self.run_module: Any = sys.modules["runpy"]._run_module_as_main if code is None else None
+
+
+class CannotRun(Exception):
+    """The target cannot be started (python says `can't open file` and exits 2)."""
+
+
+def prepare(target: Target) -> tuple[types.CodeType | None, str | None]:
+    """Check and compile a script or -c code before tracing starts; returns its code and absolute path.
+
+    Directories and zip files with a __main__.py run as python runs them, through
+    runpy, and have no code here.
+    """
+    if target.kind == "module":
+        import runpy
+    if target.kind == "stdin":
+        # python - parses the whole of stdin before it runs any of it: so does this.
+        stdin = sys.stdin
+        if stdin is None:  # fd 0 closed: python runs an empty program
+            return compile(b"", "<stdin>", "exec", dont_inherit=True), None
+        if stdin.isatty():
+            raise CannotRun(
+                "an interactive session from a terminal (-) is not supported; pipe the program in"
+            )
+        return compile(stdin.buffer.read(), "<stdin>", "exec", dont_inherit=True), None
+    if target.kind == "code":
+        if sys.version_info >= (3, 13):  # python -c keeps its source for tracebacks from 3.13 on
+            import linecache
+
+            lines = [line + "\n" for line in target.value.splitlines()]
+            linecache.cache["<string>"] = (len(target.value), None, lines, "<string>")
+        return compile(target.value, "<string>", "exec", dont_inherit=True), None
+    if target.kind != "script":
+        return None, None
+    # Like python's own __file__: made absolute by joining the cwd, not normalised.
+    path = target.value if os.path.isabs(target.value) else os.path.join(os.getcwd(), target.value)
+    if os.path.isdir(path) or is_zip(path):
+        import runpy  # noqa: F401
+
+        return None, path
+    try:
+        with open(path, "rb") as file:
+            source = file.read()
+    except OSError as error:
+        raise CannotRun(f"can't open file {path!r}: [Errno {error.errno}] {error.strerror}") from None
+    if source[2:4] == b"\r\n" and len(source) > 16 and path.endswith((".pyc", ".pyo")):
+        import marshal
+
+        return marshal.loads(source[16:]), path
+    return compile(source, path, "exec", dont_inherit=True), path
+
+
+def is_zip(path: str) -> bool:
+    """A zip file, which python runs through its __main__.py as it does a directory."""
+    try:
+        with open(path, "rb") as file:
+            return file.read(4) == b"PK\x03\x04"
+    except OSError:
+        return False
+
+
+def _path0(target: Target, path: str | None) -> str | None:
+    """What python puts in front of sys.path for this target (None with -P or -I)."""
+    if getattr(sys.flags, "safe_path", False) or sys.flags.isolated:
+        return None
+    if target.kind == "module":
+        return os.getcwd()
+    if target.kind in ("code", "stdin"):
+        return ""
+    assert path is not None
+    if os.path.isdir(path) or is_zip(path):
+        return path
+    return os.path.dirname(os.path.realpath(path))
+
+
+def launch(target: Target, code: types.CodeType | None, path: str | None) -> Launch:
+    """Make sys.argv, sys.path[0] and a fresh __main__ what python makes them; what to run then."""
+    sys.argv[:] = [target.value if target.kind == "script" else _FLAG[target.kind], *target.args]
+    path0 = _path0(target, path)
+    if path0 is not None:
+        if sys.path:
+            sys.path[0] = path0
+        else:
+            sys.path.append(path0)
+    main = types.ModuleType("__main__")
+    namespace = main.__dict__
+    # What the interpreter puts in its own __main__ (runpy keeps it for -m): the builtins module,
+    # not the dict exec() would add, and an empty __annotations__ (up to 3.13).
+    namespace["__builtins__"] = builtins
+    if sys.version_info < (3, 14):
+        namespace["__annotations__"] = {}
+    sys.modules["__main__"] = main
+    if target.kind == "module":
+        return Launch(None, namespace, target.value, alter_argv=True)
+    if code is None:  # a directory or zip with __main__.py
+        return Launch(None, namespace, "__main__")
+    namespace["__spec__"] = None
+    namespace["__package__"] = None
+    if target.kind == "code":
+        namespace["__loader__"] = _bootstrap.BuiltinImporter
+    elif target.kind == "stdin":
+        namespace["__file__"] = "<stdin>"
+        namespace["__cached__"] = None
+        namespace["__loader__"] = _bootstrap.BuiltinImporter
+    else:
+        namespace["__file__"] = path
+        namespace["__cached__"] = None
+        namespace["__loader__"] = _external.SourceFileLoader("__main__", path)
+    return Launch(code, namespace)
+
+
+_FLAG = {"module": "-m", "code": "-c", "stdin": "-"}
+
+
+def execute(launch: Launch) -> None:
+    """Run what launch() prepared, from here (the console script's way; __main__.py runs it inline)."""
+    try:
+        if launch.code is None:
+            launch.run_module(launch.module, launch.alter_argv)
+        else:
+            exec(launch.code, launch.namespace)
+    except SystemExit:
+        raise
+    except BaseException as error:
+        report_uncaught(error)
+
+
+def report_uncaught(error: BaseException) -> None:
+    """Print the traceback as python would, without our frames, and exit as python would.
+
+    The traceback goes through sys.excepthook (the program may have set its own).
+    Then the same exception leaves the interpreter with a hook that prints nothing,
+    so python itself sets the exit status: 1, or death by SIGINT for KeyboardInterrupt.
+    """
+    traceback = error.__traceback__
+    while traceback is not None and _is_ours(traceback.tb_frame.f_code.co_filename):
+        traceback = traceback.tb_next
+    error.__traceback__ = traceback
+    sys.last_type, sys.last_value, sys.last_traceback = type(error), error, traceback
+    if sys.version_info >= (3, 12):
+        sys.last_exc = error
+    try:
+        sys.excepthook(type(error), error, traceback)
+    finally:
+        sys.excepthook = _quiet_excepthook
+    raise error
+
+
+def _quiet_excepthook(*_: object) -> None:
+    """The traceback was printed already."""
+
+
+def _is_ours(filename: str) -> bool:
+    return filename.startswith(_PACKAGE)

@@ -1,0 +1,421 @@
+"""Switches tracing on, once per process: the .pth, the runner, the pytest plugin and install() all come here.
+
+Owns what is installed, and takes it out again.
+"""
+
+from __future__ import annotations
+
+import _frozen_importlib as _bootstrap
+import _signal  # not signal: that one imports enum at start-up
+import _thread
+import faulthandler
+import os
+import sys
+import time
+
+from importwatch import config
+from importwatch.tracing import banner, phases
+from importwatch.tracing.blocking import BlockingSteps
+from importwatch.tracing.doors import Doors
+from importwatch.tracing.faults import SharedFaulthandler
+from importwatch.tracing.hook import Tracer, as_importlib_frame
+from importwatch.tracing.native import NativeLoads
+from importwatch.tracing.sink import Sink
+from importwatch.tracing.watchdog import Watchdog
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable
+
+    from importwatch.config import Settings
+
+# Python 3.12+ warns at os.fork() when the process has more than one thread, counted by the kernel
+# (/proc/self/stat); from 3.13 after the after-fork hooks have run, so also a thread they start.
+_FORK_WARNS = sys.version_info >= (3, 12)
+# How long a fork may wait for the threads we ended to be gone from the kernel's count.
+_THREADS_GONE_WAIT = 0.05
+
+
+class Session:
+    """Everything one active process has installed, and how to take it out again."""
+
+    def __init__(self, settings: Settings, stderr_fd: int = 2) -> None:
+        self.settings = settings
+        self.sink = Sink(stderr_fd)
+        self.sink.set_stderr(settings.stderr)
+        self.sink.on_log_lost = self._log_lost
+        self.tracer = Tracer(self.sink)
+        self.native = NativeLoads(self.tracer)
+        self.blocking = BlockingSteps(self.tracer)
+        self.doors = Doors(self.tracer)
+        self.watchdog: Watchdog | None = None
+        self.faults = SharedFaulthandler()
+        self._usr1 = False
+        self.spawning = False  # our own fork (starting the watcher): the fork hooks stay out of it
+        threading = sys.modules.get("threading")
+        self._main_ident = threading.main_thread().ident if threading is not None else _thread.get_ident()
+        # This process has no interpreter main thread (see Watchdog.main_gone).
+        self.main_gone = False
+        self._forker = 0  # the thread that forks, between the fork hooks
+        self._fork_alone = False  # no thread but the forking one was left at the fork
+        # In a fork child, until its first import: the parent's pid (see _child_starts).
+        self._child_of: int | None = None
+        self._child_lock = _thread.allocate_lock()
+        self._first_hooks: tuple | None = None  # see _await_first_event
+
+    def start(self, argv: list[str], warnings: list[str]) -> None:
+        self.sink.follow_partial_lines()
+        self._open_log()
+        for warning in warnings:
+            self.sink.warn(warning)
+        banner.write_banner(self.sink, argv)
+        self._start_watcher()
+        self.tracer.on_start["torch"] = lambda _: banner.torch_before(self.sink, *self.native.torch_facts())
+        self.tracer.on_end["torch"] = lambda torch: banner.torch_loaded(self.sink, torch)
+        self.tracer.install()
+        self.doors.install()  # waits for modules still initialising, bodies run by loaders
+        self.native.install()
+        self.blocking.install()  # torch's init steps, wrapped when (and if) their modules arrive
+        phases.bind(self.tracer)
+        self.faults.install()
+        self._start_faulthandler()
+        self._start_watchdog()
+
+    def reconfigure(self, settings: Settings) -> None:
+        """The runner under IMPORTWATCH=1: its options win over what the .pth read."""
+        old, self.settings = self.settings, settings
+        self.sink.set_stderr(settings.stderr)
+        if settings.log != old.log:
+            self.sink.close_log()
+            self._open_log()
+            self._start_faulthandler()
+        if self.watchdog is not None:
+            self.watchdog.stop()
+            self.watchdog = None
+        self._start_watchdog()
+        watched = (settings.log, settings.timeout, settings.stderr)
+        if self.sink.feed is not None and watched != (old.log, old.timeout, old.stderr):
+            self.sink.close_feed()  # the old watcher sees the end of its feed and leaves
+        if self.sink.feed is None:
+            self._start_watcher()
+
+    def stop(self) -> None:
+        self._drop_first_hooks()
+        if self.watchdog is not None:
+            self.watchdog.stop()
+            self.watchdog = None
+        phases.bind(None)
+        self.blocking.uninstall()
+        self.native.uninstall()
+        self.doors.uninstall()
+        self.tracer.uninstall()
+        if self._usr1:
+            faulthandler.unregister(_signal.SIGUSR1)
+            self._usr1 = False
+        self.faults.uninstall()
+        self.sink.close_feed()
+        self.sink.close_log()
+        self.sink.unfollow_partial_lines()
+
+    def _log_lost(self) -> None:
+        """The program closed our log's descriptor: faulthandler writes to stderr from now on, not to that number."""
+        self._start_faulthandler()
+
+    def _open_log(self) -> None:
+        if self.settings.log:
+            self.sink.open_log(config.expand_log_path(self.settings.log, self.sink.pid, self.sink.rank))
+
+    def _start_watchdog(self) -> None:
+        if self.settings.timeout > 0:
+            settings = self.settings
+            self.watchdog = Watchdog(self.tracer, settings.timeout, settings.exit_on_stall, self.faults)
+            self.watchdog.main_gone = self.main_gone
+            self.watchdog.start()
+
+    def _start_watcher(self) -> None:
+        """The watcher process (watcher/), when asked for: it sees from outside what no thread here can."""
+        if not self.settings.watcher:
+            return
+        from importwatch.watcher import launch
+
+        self.spawning = True
+        try:
+            settings = self.settings
+            why = launch.launch(self.sink, settings.timeout, self.sink.log_path, settings.exit_on_stall)
+        except OSError as error:
+            why = str(error)
+        finally:
+            self.spawning = False
+        if why is not None:
+            self.sink.warn(f"no watcher process: {why}")
+            return
+        # What is mapped now, told through the feed: the watcher's own first look at the maps
+        # may come after the first dlopen has begun, and could not tell its libraries as new.
+        for path in self.native.mapped_now():
+            self.sink.feed_line(f"#mapped {path}")
+
+    def _start_faulthandler(self) -> None:
+        """Fatal signals dump every thread's stack where our lines go; SIGUSR1 too when asked for."""
+        fd = self.sink.dump_fd()
+        try:
+            self.faults.enable_ours(fd)
+            # SIGUSR1 ends a process by default, and schedulers rely on it: changed only on request,
+            # and never when the program has a handler of its own.
+            if self.settings.dump_on_sigusr1 and (
+                self._usr1 or _signal.getsignal(_signal.SIGUSR1) == _signal.SIG_DFL
+            ):
+                faulthandler.register(_signal.SIGUSR1, fd, all_threads=True, chain=False)
+                self._usr1 = True
+        except (OSError, ValueError, RuntimeError) as error:
+            self.sink.warn(f"faulthandler unavailable: {error}")
+
+    # -- fork ----------------------------------------------------------------
+    def before_fork(self) -> None:
+        """Leave at the fork only the threads the program has, and the timer as it armed it.
+
+        Our heartbeat and our deadline's timer thread end here (see Watchdog.before_fork);
+        on 3.12+ the fork then waits (briefly) until the kernel no longer counts them, if
+        the program's warning about forking with threads depends on it.
+        """
+        self._forker = _thread.get_ident()
+        threads = _count_threads() if _FORK_WARNS else 0
+        timer_before = self.faults.thread_alive(time.monotonic())
+        ended = self.watchdog.before_fork() if self.watchdog is not None else False
+        timer_after = self.faults.before_fork()
+        expected = threads - ended - timer_before + timer_after
+        self._fork_alone = _FORK_WARNS and expected <= 1
+        if self._fork_alone and threads > expected:
+            deadline = time.monotonic() + _THREADS_GONE_WAIT
+            while _count_threads() > expected and time.monotonic() < deadline:
+                time.sleep(0.0002)
+
+    def after_fork(self, in_child: bool) -> None:
+        self.faults.after_fork(in_child)
+        if not in_child:
+            # Where the program alone forked a single-threaded process, a heartbeat started
+            # now would count for the warning (3.13 counts after these hooks): the next
+            # step starts it (see Watchdog.after_fork).
+            if self.watchdog is not None:
+                self.watchdog.after_fork(False, restart=not self._fork_alone)
+                if self._fork_alone and self.tracer.stacks.get(self._forker):
+                    # Forked inside an import, which may now wait without another step: the
+                    # heartbeat starts when the code that called fork runs its next line.
+                    _on_next_line(sys._getframe(1), self.watchdog.wake_up)
+            return
+        self.sink.close_feed()  # the watcher follows this process, not its children
+        parent = self.sink.pid
+        self.sink.after_fork_in_child()
+        self.tracer.after_fork_in_child()
+        self.main_gone = self.main_gone or self._forker != self._main_ident
+        self._main_ident = _thread.get_ident()
+        self._child_lock = _thread.allocate_lock()
+        # Nothing more until the child's first event: a fork followed by exec costs nothing.
+        self._child_of = parent
+        self._await_first_event()
+        if self.watchdog is not None:
+            self.watchdog.on_wake = self._first_event
+            self.watchdog.after_fork(True, main_gone=self.main_gone)
+
+    def _await_first_event(self) -> None:
+        """One-time wrappers that start the child at its first import, step or line.
+
+        Before the tracer's own _find_and_load (every import), and on this sink's event()
+        and this tracer's push() (checkpoints, phases, native loads): each takes itself
+        out again at the first call, so the hot path is the same as before the fork.
+        """
+        self._drop_first_hooks()  # a child's child forked before the child's first event
+        inner = _bootstrap._find_and_load
+        sink, tracer, tracing = self.sink, self.tracer, self
+
+        def _find_and_load(name: str, import_: Callable) -> Any:
+            if name not in sys.modules:
+                tracing._first_event()
+            return inner(name, import_)
+
+        def event(*args: Any, **kwargs: Any) -> None:
+            tracing._first_event()
+            sink.event(*args, **kwargs)
+
+        def push(*args: Any, **kwargs: Any) -> Any:
+            tracing._first_event()
+            return tracer.push(*args, **kwargs)
+
+        first = as_importlib_frame(_find_and_load) if self.tracer.installed else None
+        self._first_hooks = (first, inner, event, push)
+        if first is not None:
+            _bootstrap._find_and_load = first
+        sink.event = event  # type: ignore[method-assign]
+        tracer.push = push  # type: ignore[method-assign]
+
+    def _first_event(self) -> None:
+        self._drop_first_hooks()
+        self._child_starts()
+        if self.watchdog is not None:
+            self.watchdog.wake_up()  # calls back here first, which finds nothing left to do
+
+    def _drop_first_hooks(self) -> None:
+        with self._child_lock:
+            hooks, self._first_hooks = self._first_hooks, None
+        if hooks is None:
+            return
+        first, inner, event, push = hooks
+        if first is not None and _bootstrap._find_and_load is first:
+            _bootstrap._find_and_load = inner
+        if self.sink.__dict__.get("event") is event:
+            del self.sink.event
+        if self.tracer.__dict__.get("push") is push:
+            del self.tracer.push
+
+    def _child_starts(self) -> None:
+        """A fork child's own start, at its first step: its log file, and the line that names its parent."""
+        with self._child_lock:
+            parent, self._child_of = self._child_of, None
+        if parent is None:
+            return
+        log = self.settings.log
+        if log and ("{pid}" in log or os.path.isdir(os.path.expanduser(log))):
+            self.sink.close_log()
+            self._open_log()
+            self._start_faulthandler()  # its descriptor was the parent's file, now closed
+        self.sink.event("fork", f"fork child of {parent}", {"parent": parent})
+
+
+# sys.monitoring tools that are free for anyone's use (0-2 and 5 are the debugger's, coverage's,
+# profilers' and optimisers').
+_TOOL_IDS = (4, 3)
+
+
+def _on_next_line(frame: Any, then: Callable[[], None]) -> None:
+    """Call THEN once the first frame up from FRAME that is not ours runs another line (3.12+)."""
+    monitoring = getattr(sys, "monitoring", None)
+    package = os.path.dirname(os.path.dirname(__file__)) + os.sep  # importwatch's frames, any folder
+    while frame is not None and frame.f_code.co_filename.startswith(package):
+        frame = frame.f_back
+    if monitoring is None or frame is None:
+        return
+    tool = next((i for i in _TOOL_IDS if monitoring.get_tool(i) is None), None)
+    if tool is None:
+        return  # both taken: the next step starts the heartbeat, as without this
+    code = frame.f_code
+    events = monitoring.events.LINE | monitoring.events.PY_RETURN
+
+    def fire(*_: object) -> object:
+        if monitoring.get_tool(tool) == "importwatch":
+            monitoring.set_local_events(tool, code, 0)
+            monitoring.register_callback(tool, monitoring.events.LINE, None)
+            monitoring.register_callback(tool, monitoring.events.PY_RETURN, None)
+            monitoring.free_tool_id(tool)
+            then()
+        return monitoring.DISABLE
+
+    monitoring.use_tool_id(tool, "importwatch")
+    monitoring.register_callback(tool, monitoring.events.LINE, fire)
+    monitoring.register_callback(tool, monitoring.events.PY_RETURN, fire)
+    monitoring.set_local_events(tool, code, events)
+
+
+def _count_threads() -> int:
+    """The process's threads as the kernel counts them (and as Python's fork warning does)."""
+    try:
+        with open("/proc/self/stat", "rb") as stat:
+            return int(stat.read().rsplit(b")", 1)[1].split()[17])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+_active: Session | None = None
+_process_hooks = False
+
+
+def _at_exit() -> None:
+    """At a normal interpreter exit, after the program's own exit handlers (ours came first).
+
+    The watcher is told, so it can tell a clean exit from a death; and the heartbeat stops
+    before the interpreter tears down, since a daemon thread re-arming faulthandler after
+    its module was unloaded can crash the exit (seen on 3.9).
+    """
+    if _active is None:
+        return
+    if _active.watchdog is not None:
+        _active.watchdog.stop()  # first: nothing of ours may fire while the exit waits in hush
+    if _active.sink.feed is not None:
+        from importwatch.watcher.launch import hush  # loaded already: it started the watcher
+
+        hush(_active.sink)  # says `#exit` and keeps the watcher from writing after the exit
+
+
+def active() -> Session | None:
+    """The tracing installed in this process, if any."""
+    return _active
+
+
+def activate(
+    settings: Settings | None = None,
+    warnings: list[str] | None = None,
+    argv: list[str] | None = None,
+    stderr_fd: int = 2,
+) -> Session:
+    """Switch tracing on; a second call keeps what is installed and applies new settings."""
+    global _active
+    if settings is None:
+        settings, env_warnings = config.from_env()
+        warnings = [*(warnings or []), *env_warnings]
+    if _active is not None:
+        if settings is not _active.settings:
+            _active.reconfigure(settings)
+        return _active
+    tracing = Session(settings, stderr_fd)
+    _active = tracing
+    _register_process_hooks()
+    if argv is None:
+        argv = list(getattr(sys, "orig_argv", None) or sys.argv or [])
+    tracing.start(argv, warnings or [])
+    return tracing
+
+
+def activate_from_env() -> None:
+    """The .pth's entry point: never raises, whatever goes wrong."""
+    if _active is not None:
+        return  # a .pth can run twice when site-packages is on sys.path twice
+    try:
+        activate()
+    except Exception as error:
+        message = f"[importwatch {os.getpid()}] ! tracing is off: {type(error).__name__}: {error}\n"
+        try:
+            os.write(2, message.encode("ascii", "backslashreplace"))
+        except OSError:
+            pass
+
+
+def deactivate() -> None:
+    """Take everything out again (tests, and importwatch.uninstall())."""
+    global _active
+    if _active is not None:
+        _active.stop()
+        _active = None
+
+
+def _register_process_hooks() -> None:
+    """Fork and exit hooks, once per process: neither can be taken back."""
+    global _process_hooks
+    if _process_hooks:
+        return
+    _process_hooks = True
+    import atexit
+
+    atexit.register(_at_exit)
+    os.register_at_fork(
+        before=_before_fork,
+        after_in_parent=lambda: _after_fork(False),
+        after_in_child=lambda: _after_fork(True),
+    )
+
+
+def _before_fork() -> None:
+    if _active is not None and not _active.spawning:
+        _active.before_fork()
+
+
+def _after_fork(in_child: bool) -> None:
+    if _active is not None and not _active.spawning:
+        _active.after_fork(in_child)

@@ -1,0 +1,665 @@
+"""Stall detection: a heartbeat thread for full reports, and faulthandler's GIL-free timer for the rest.
+
+A Python thread cannot run while dlopen or a C constructor holds the GIL, so two
+mechanisms share the work. The heartbeat, a plain ``_thread`` thread, sleeps until
+the next report is due (at most an eighth of the threshold; a step that begins
+while it sleeps wakes it if its next look would come too late) and writes the
+full report when it can run: the chains in flight in every thread, then
+faulthandler's dump. It keeps faulthandler's C timer armed for the moment the
+first stall report is due; if the GIL is held past that moment the heartbeat
+cannot cancel it, and faulthandler dumps the stacks on time, its frames naming
+the file in dlopen (see native.py). A fork child's heartbeat starts with the
+child's first step, and a heartbeat ends once the program's last thread has.
+"""
+
+from __future__ import annotations
+
+import _thread
+import faulthandler
+import os
+import sys
+import time
+
+from importwatch.tracing import stalls
+from importwatch.tracing.faults import SharedFaulthandler
+from importwatch.tracing.hook import NEVER
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Callable
+
+    from importwatch.tracing.hook import TracedStep, Tracer
+
+# Reports repeat while a stall lasts, each interval twice the one before.
+_GROWTH = 2.0
+# How late faulthandler may fire after the heartbeat would have reported.
+_GRACE = 0.3
+# A stalled thread running, or ready to run, at least this share of the time is busy, not stuck
+# (seen over _LOOK seconds, in steps of _STEP, of which at most _STEPS are taken: see _cpu_share).
+_BUSY = 0.5
+_LOOK = 0.2
+_STEP = 0.05
+_STEPS = 40
+# How long stop() waits for the heartbeat to end (it is woken first, so this is only a bound).
+_STOP_WAIT = 1.0
+# In a process whose interpreter main thread is gone (a fork child of another thread), how often the
+# heartbeat looks whether it is the last thread left: then it leaves, so the process can end.
+_ALONE_LOOK = 0.05
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _tasks() -> set[str]:
+    """The kernel thread ids of this process."""
+    try:
+        return set(os.listdir("/proc/self/task"))
+    except OSError:
+        return set()
+
+
+def _tracer() -> int:
+    """The pid of a debugger attached to this process (ptrace), 0 when none."""
+    try:
+        with open("/proc/self/status", "rb") as status:
+            for line in status:
+                if line.startswith(b"TracerPid:"):
+                    return int(line.split()[1])
+    except (OSError, IndexError, ValueError):
+        pass
+    return 0
+
+
+def _demand(task: str) -> float | None:
+    """Seconds thread TASK (/proc/self/task/TID) has run or waited in the run queue for a CPU.
+
+    On a loaded machine a spinning thread gets only part of a CPU, yet never waits
+    for anything else; without schedstat, its CPU time has to do.
+    """
+    try:
+        with open(f"{task}/schedstat", "rb") as schedstat:
+            run, wait = schedstat.read().split()[:2]
+        return (int(run) + int(wait)) / 1e9
+    except (OSError, ValueError):
+        return _cpu_seconds(f"{task}/stat")
+
+
+def _cpu_seconds(stat_path: str) -> float | None:
+    """User plus system CPU seconds of one thread, from /proc/self/task/TID/stat."""
+    try:
+        with open(stat_path, "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / _TICK
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+class Watchdog:
+    """Watches the steps in flight of one Tracer and reports those that make no progress."""
+
+    def __init__(
+        self,
+        tracer: Tracer,
+        timeout: float,
+        exit_on_stall: bool = False,
+        faults: SharedFaulthandler | None = None,
+    ) -> None:
+        self.tracer = tracer
+        self.faults = SharedFaulthandler() if faults is None else faults  # the timer, shared with the program
+        self.sink = tracer.sink
+        self.timeout = timeout
+        self.exit_on_stall = exit_on_stall
+        # The finest look, and the longest sleep while something is in flight. A deadline armed is
+        # moved later at most every `longest` seconds: each arming starts a thread (see _cover),
+        # and a heartbeat that wakes wrests the GIL from the program. So a stall that holds the
+        # GIL may be dumped up to `longest` early (an eighth of the threshold); the heartbeat's
+        # own reports, for stalls that leave the GIL free, come when due.
+        self.interval = min(0.25, timeout / 4)
+        self.longest = max(self.interval, timeout / 8)
+        self._running = False
+        self._generation = 0
+        self._lock = _thread.RLock()  # arming and stopping, from the heartbeat, the program and atexit
+        self._wake = self._new_wake()
+        self._next_look = 0.0  # when the heartbeat looks next, unless woken
+        self._armed_for: float | None = None  # the deadline faulthandler is armed for
+        self._stalled: dict[int, tuple[TracedStep, float, int]] = {}  # ident: frame, since, reports
+        self._gone: _thread.LockType | None = None  # released when the heartbeat has ended
+        self._heartbeat_ident = 0
+        # On, but with no heartbeat yet: after a fork, the next step starts it (see after_fork).
+        self._dormant = False
+        self._forking = False  # between before_fork and after_fork: nothing starts a heartbeat
+        # Run once when the dormant watchdog wakes, before the step that woke it is logged.
+        self.on_wake: Callable[[], None] | None = None
+        # The interpreter's main thread is not in this process (a fork child of another thread):
+        # no exit handler will ever stop the heartbeat, which must not outlive the program's threads.
+        self.main_gone = False
+        self._reporting = _thread.allocate_lock()  # held while a report is written (see report)
+
+    # -- life cycle ---------------------------------------------------------------
+    def start(self) -> None:
+        if self._running:
+            return
+        self._running = True
+        self.tracer.on_progress = self._on_progress
+        self._tell_due()
+        self.tracer.on_gil_held = self._guard
+        self.tracer.on_gil_released = self._unguard
+        self.tracer.on_deadline = self._step_begins
+        self._start_heartbeat()
+
+    def _start_heartbeat(self) -> None:
+        self._generation += 1
+        self._gone = _thread.allocate_lock()  # held by the heartbeat until it has ended
+        self._gone.acquire()
+        tasks = _tasks() if self.sink.feed is not None else None
+        _thread.start_new_thread(self._heartbeat, (self._generation, self._gone))
+        if tasks is not None:
+            # Told now, for the watcher: the heartbeat names itself only once it runs, and a program
+            # that holds the GIL from its first import on (a hung dlopen) never lets it.
+            new = _tasks() - tasks
+            if len(new) == 1:
+                self.sink.feed_line(f"#thread importwatch-heartbeat {new.pop()}")
+
+    def wake_up(self) -> None:
+        """The first step since a fork: start the heartbeat (and the child's own start, on_wake)."""
+        with self._lock:
+            if not self._dormant or self._forking or not self._running:
+                return
+            self._dormant = False
+            on_wake, self.on_wake = self.on_wake, None
+        if on_wake is not None:
+            on_wake()
+        self._tell_due()
+        self._start_heartbeat()
+
+    def stop(self) -> None:
+        with self._lock:
+            was_running, self._running = self._running, False
+            self._dormant = False
+            self._generation += 1
+            self._disarm()
+        self.wake()
+        if was_running:
+            self._await_heartbeat()
+        if self.tracer.on_progress == self._on_progress:
+            self.tracer.progress_due = NEVER
+            self.tracer.on_progress = None
+            self.tracer.on_gil_held = self.tracer.on_gil_released = self.tracer.on_deadline = None
+
+    def _await_heartbeat(self) -> bool:
+        """Let the woken heartbeat end before the interpreter finalises (stop() runs at exit).
+
+        A thread still starting or waking while Python shuts down is a known way to crash it. A
+        SIGSEGV at exit was seen once on 3.9 and not reproduced; this was the one thread of ours
+        alive then. The wait costs about 0.7 ms at exit.
+        """
+        gone = self._gone
+        if gone is None or _thread.get_ident() == self._heartbeat_ident:
+            return False
+        if gone.acquire(timeout=_STOP_WAIT):
+            gone.release()
+            self._gone = None
+            return True
+        return False
+
+    def _step_begins(self, timeout: float | None) -> None:
+        """A step began (see Tracer.on_deadline) with its own threshold TIMEOUT, or the watchdog's.
+
+        While nothing was in flight nothing may be armed, and a step that holds the
+        GIL at once would keep the heartbeat from arming it: cover it here. Wake the
+        heartbeat only if its next look would come too late for this step.
+        """
+        if self._dormant:
+            self.wake_up()
+        limit = self.timeout if timeout is None else timeout
+        if limit <= 0:
+            return
+        now = time.monotonic()
+        self._cover(now, limit)
+        if now + limit < self._next_look + self.interval:
+            self.wake()
+
+    def wake(self) -> None:
+        """Have the heartbeat look now."""
+        try:
+            self._wake.release()
+        except RuntimeError:
+            pass  # already woken
+
+    @staticmethod
+    def _new_wake() -> _thread.LockType:
+        """A lock held until wake() releases it: the heartbeat sleeps by waiting for it."""
+        wake = _thread.allocate_lock()
+        wake.acquire()
+        return wake
+
+    # -- fork ------------------------------------------------------------------------------
+    def before_fork(self) -> bool:
+        """End the heartbeat and cancel our deadline, and keep them so until after_fork; True if it ran.
+
+        Two reasons. A thread of ours alive at the fork is one more thread for Python's
+        3.12+ warning about forking a multi-threaded process (plain python would print
+        it only for the program's own threads). And a timer armed at the fork has no
+        thread in the child, whose cancel (at its exit, or our next arming) would then
+        wait for that thread for ever. So the lock that arming takes is held from here
+        across the fork: no other thread can arm the timer between the cancel and the fork.
+        The heartbeat is ended first, without the lock, since it may be waiting for it.
+        """
+        with self._lock:
+            self._forking = True  # no heartbeat starts from here on (see wake_up)
+            beating = self._gone is not None
+            self._generation += 1
+        self.wake()
+        ended = beating and self._await_heartbeat()
+        self._lock.acquire()  # released in after_fork, in the parent; the child makes a new one
+        self._disarm()
+        return ended
+
+    def after_fork(self, in_child: bool, restart: bool = True, main_gone: bool = False) -> None:
+        """Back from the fork: the heartbeat again now (RESTART), or at the next step (see wake_up).
+
+        The child always waits for its first step: a fork followed by exec (subprocess's
+        preexec_fn) then costs no thread and prints nothing. MAIN_GONE: the child of a
+        thread other than the interpreter's main one, which ends when its threads do.
+        """
+        if in_child:
+            self._lock = _thread.RLock()  # held across the fork by the parent's before_fork
+            self._reporting = _thread.allocate_lock()  # the heartbeat may have held it at the fork
+            self._wake = self._new_wake()
+            self._gone = None  # the parent's heartbeat: no thread here will release it
+            self._stalled.clear()
+            self._armed_for = None
+            self.main_gone = self.main_gone or main_gone
+            restart = False
+        self._forking = False
+        if not in_child:
+            self._lock.release()
+        if not self._running:
+            return
+        if restart:
+            self._tell_due()
+            self._start_heartbeat()
+        else:
+            self._dormant = True
+            self._tell_due()  # the next step's end wakes it, as does the next step's start
+
+    # -- the heartbeat ----------------------------------------------------------------
+    def _heartbeat(self, generation: int, gone: _thread.LockType) -> None:
+        try:
+            self._heartbeat_ident = _thread.get_ident()
+            self._beat(generation)
+        finally:
+            gone.release()
+
+    def _beat(self, generation: int) -> None:
+        self.sink.name_thread("importwatch-heartbeat")  # so the watcher can tell it apart
+        wake = self._wake
+        pause = self.interval
+        while self._running and generation == self._generation:
+            if self.main_gone:
+                pause = min(pause, _ALONE_LOOK)
+            self._next_look = time.monotonic() + pause
+            wake.acquire(timeout=pause)
+            if not self._running or generation != self._generation:
+                break  # stopped while asleep: the interpreter may be finalising
+            if self.main_gone and self._alone():
+                self._leave()
+                break
+            try:
+                self.sink.check_descriptors()
+                pause = self.check(time.monotonic())
+            except Exception as error:  # never let the watchdog die silently
+                self.sink.warn(f"watchdog error: {type(error).__name__}: {error}")
+                pause = self.interval
+
+    def _alone(self) -> bool:
+        """No Python thread left but the heartbeat: the program has ended its last thread."""
+        return len(sys._current_frames()) <= 1
+
+    def _leave(self) -> None:
+        """The program's last thread has gone: cancel our deadline and let the process end as it would."""
+        with self._lock:
+            if self._forking:
+                return
+            self._disarm()
+            self._dormant = True  # should a thread appear after all, its next step starts a heartbeat
+            self._gone = None
+            self._tell_due()
+
+    def check(self, now: float) -> float:
+        """One look at what is in flight: report stalls, keep faulthandler's deadline current.
+
+        Returns how long the heartbeat may sleep: until the next report is due, or
+        the armed deadline needs moving, and never longer than `longest`.
+        """
+        if self._armed_for is not None and now >= self._armed_for:
+            with self._reporting:  # faulthandler dumped while the GIL was held; Python runs again
+                fired = self._fired(now)
+                if fired:
+                    self._say_fired()
+            if fired:
+                return self.interval  # that stall has its dump: look again before reporting it
+        chains = self.tracer.in_flight()
+        if not chains:
+            self._disarm()
+            return self.longest
+        due: float | None = None
+        for ident, chain in chains.items():
+            top = chain[-1]
+            limit = self._limit(top)
+            if limit <= 0:
+                continue  # a phase that asked never to be reported
+            since, reports = self._stall(ident, top)
+            next_report = since + limit * _GROWTH**reports
+            if now >= next_report:
+                self.report(now, chains, ident)
+                return self.interval  # another chain may be due as well
+            due = next_report if due is None else min(due, next_report)
+        if due is None:
+            self._disarm()  # nothing in flight may be reported: no deadline, not even a guard's
+            return self.longest
+        self._arm(due + _GRACE, now)
+        pause = min(due - now, self.longest)
+        armed = self._armed_for
+        if armed is not None:
+            pause = min(pause, armed - now - self.interval)  # wake in time to move it, if it must move
+        return max(pause, 0.005)
+
+    # -- reports ---------------------------------------------------------------------
+    def report(self, now: float, chains: dict[int, list[TracedStep]], culprit: int) -> None:
+        """Write a stall report: every chain in flight, then every thread's stack.
+
+        Written whole under `_reporting`, which a RESUMED line takes too: the end of
+        a stall is never told in the middle of its own report.
+        """
+        with self._reporting:
+            self._report(now, chains, culprit)
+
+    def _report(self, now: float, chains: dict[int, list[TracedStep]], culprit: int) -> None:
+        self._disarm()
+        top = chains[culprit][-1]
+        since, reports = self._stall(culprit, top)
+        reports += 1
+        self._stalled[culprit] = (top, since, reports)
+        self._fold_in(now, chains, culprit)
+        self._tell_due()
+        sink = self.sink
+        waits = stalls.waits(chains)
+        lines = [self._chain_line(culprit, chains[culprit], now)]
+        lines += [self._chain_line(i, c, now) for i, c in chains.items() if i != culprit]
+        waiting = [sink.thread_name(waiter) for waiter, (owner, _) in waits.items() if owner == culprit]
+        waited = f"; waiting for its module lock: {', '.join(waiting)}" if waiting else ""
+        sink.event(
+            "stall",
+            f"STALL {now - since:.1f} s without progress; in flight: {lines[0]}{waited}",
+            {"seconds": now - since, "chains": lines, "report": reports},
+        )
+        for line in lines[1:]:
+            sink.event("stall_thread", f"  also in flight: {line}", {"chain": line})
+        context = self._context(chains[culprit], now) + stalls.deadlocks(waits, sink.thread_name)
+        for line in context:
+            sink.event("stall_context", f"  context: {line}", {"context": line})
+        share = self._cpu_share(culprit)
+        busy = share is not None and share >= _BUSY
+        debugger = _tracer() if share is None else 0
+        # The step may have ended while its CPU use was being looked at (see _on_progress).
+        ended = self._stalled.get(culprit, (None,))[0] is not top
+        if busy:
+            used = min(share, 1.0)  # run-queue time and the clock's steps can add up to a little more
+            sink.event(
+                "busy",
+                f"  busy, not stuck: {self.sink.thread_name(culprit)} used {used:.0%} of a CPU just now "
+                "(or waited for one); slow work such as CUDA JIT compiling PTX or a build ends by itself",
+                {"cpu": share},
+            )
+        self._thread_map()
+        self._dump(b"Stacks of all threads (most recent call first):\n")
+        ends = self.exit_on_stall and not busy and not ended
+        if ends and debugger:
+            text = f"--exit-on-stall does not end it: a debugger, pid {debugger}, is attached"
+            sink.event("stall_context", f"  context: {text}", {"context": text})
+        elif ends:
+            sink.event("exit", "exiting with status 1 (--exit-on-stall)")
+            if sink.feed is not None:
+                from importwatch.watcher.launch import hush  # loaded already: it started the watcher
+
+                hush(sink)
+            os._exit(1)
+        self._arm(since + self._limit(top) * _GROWTH**reports + _GRACE, now)
+
+    def _thread_map(self) -> None:
+        """Each thread as faulthandler's dump names it (its address), and by name."""
+        threads = stalls.thread_names(self.sink.thread_name)
+        self.sink.event("stall_threads", f"  threads: {threads}", {"threads": threads})
+
+    def _fold_in(self, now: float, chains: dict[int, list[TracedStep]], culprit: int) -> None:
+        """Count this report for every other chain whose report is due as well, or that waits for the
+        culprit's module lock or holds the one it waits for: one report tells them all."""
+        found = stalls.waits(chains)
+        related = {waiter for waiter, (owner, _) in found.items() if owner == culprit}
+        related.add(found.get(culprit, (0, ""))[0])
+        for ident, chain in chains.items():
+            top = chain[-1]
+            limit = self._limit(top)
+            if ident == culprit or limit <= 0:
+                continue
+            since, reports = self._stall(ident, top)
+            if ident in related or now + self.interval >= since + limit * _GROWTH**reports:
+                self._stalled[ident] = (top, since, reports + 1)
+
+    def _cpu_share(self, ident: int) -> float | None:
+        """The share of time thread IDENT ran or was ready to run, over _LOOK seconds in which the
+        process ran free.
+
+        A debugger reading stacks (the watcher's gdb, or a person's) stops every thread,
+        and a stopped busy thread looks idle: so the look is made of short steps, and a
+        step counts only when no debugger was attached at either end and this thread,
+        too, lost no time to a stop: a step that overran its length by more than it
+        waited for a CPU (a loaded machine) was stopped for the rest. None when it
+        cannot be read, or when no _LOOK seconds free of stops came within _STEPS steps.
+        """
+        tid = self.tracer.native_ids.get(ident)
+        if tid is None:
+            return None
+        task = f"/proc/self/task/{tid}"
+        me = f"/proc/self/task/{_thread.get_native_id()}"
+        used = spent = 0.0
+        before, mine, began = _demand(task), _demand(me), time.monotonic()
+        for _ in range(_STEPS):
+            free = not _tracer()
+            time.sleep(_STEP)
+            after, mine_after, ended = _demand(task), _demand(me), time.monotonic()
+            if before is None or after is None or mine is None or mine_after is None:
+                return None
+            stopped = (ended - began) - _STEP - (mine_after - mine)
+            if free and stopped < _STEP and not _tracer():
+                used += after - before
+                spent += ended - began
+                if spent >= _LOOK:
+                    return used / spent
+            before, mine, began = after, mine_after, ended
+        return None
+
+    def _limit(self, frame: TracedStep) -> float:
+        """A step's stall threshold: its own timeout (a phase's), or the watchdog's."""
+        return self.timeout if frame.timeout is None else frame.timeout
+
+    def _stall(self, ident: int, top: TracedStep) -> tuple[float, int]:
+        """When TOP's wait began, and how many stall reports it has had so far."""
+        # A step with its own timeout is timed from its start; any other from its last progress.
+        began = top.progress if top.timeout is None else top.start
+        stalled = self._stalled.get(ident)
+        if stalled is None or stalled[0] is not top or began > stalled[1]:
+            return began, 0  # a new step since, or progress inside it (a checkpoint)
+        return stalled[1], stalled[2]
+
+    def _context(self, chain: list[TracedStep], now: float) -> list[str]:
+        """What the phases and steps in flight add to a report: overrun timeouts, their environment.
+
+        Runs in the heartbeat thread; a step's context function may probe the
+        network, but only with short timeouts and with modules imported before.
+        """
+        lines = []
+        for frame in chain:
+            ran = now - frame.start
+            if frame.timeout is not None and 0 < frame.timeout <= ran:
+                lines.append(f"{frame.name} has run {ran:.1f} s, past its timeout of {frame.timeout:g} s")
+            if frame.context is not None:
+                try:
+                    lines.extend(frame.context())
+                except Exception as error:
+                    lines.append(f"{frame.name}: no context ({type(error).__name__}: {error})")
+        return lines
+
+    def _chain_line(self, ident: int, chain: list[TracedStep], now: float) -> str:
+        name = self.sink.thread_name(ident)
+        thread_name = self.sink.thread_name
+        return f"{name}: " + " > ".join(frame.describe(now, ident, thread_name) for frame in chain)
+
+    def _dump(self, header: bytes) -> None:
+        """faulthandler's dump of all threads to stderr, then to the text log."""
+        self.sink.raw(header)
+        for fd in self.sink.dump_fds():
+            try:
+                faulthandler.dump_traceback(fd, all_threads=True)
+            except (OSError, ValueError, RuntimeError):
+                pass
+
+    def _on_progress(self, now: float) -> None:
+        """Called by the tracer at a step's end once it is due (see _tell_due): say when a stalled
+        thread moved on."""
+        if self._dormant:
+            self.wake_up()
+        if not self._stalled and (self._armed_for is None or now < self._armed_for):
+            return
+        ident = _thread.get_ident()
+        if ident not in self._stalled and (self._armed_for is None or now < self._armed_for):
+            return  # another thread's stall: this thread never waits for its report
+        with self._reporting:  # after the report of this stall, if one is being written
+            self._resumed(now, ident)
+
+    def _resumed(self, now: float, ident: int) -> None:
+        stalled = self._stalled.pop(ident, None)
+        if stalled is not None:
+            self._tell_due()
+            frame, since, _ = stalled
+            self.sink.event(
+                "resumed",
+                f"RESUMED after {now - since:.1f} s: {frame.name} ended",
+                {"name": frame.name, "seconds": now - since},
+            )
+        elif self._fired(now):
+            self._say_fired()
+
+    def _say_fired(self) -> None:
+        """Python runs again after faulthandler dumped a stall on its own: where that dump went, and
+        the names of the threads it gave by address only."""
+        self.sink.event(
+            "resumed", f"RESUMED: progress again after a stall; stacks dumped {self._dumped_where()}", {}
+        )
+        self._thread_map()
+
+    def _dumped_where(self) -> str:
+        """Where faulthandler's own dump went: the terminal shows none when it went to the log."""
+        if self.sink.dump_fd() == self.sink.stderr.fd:
+            return "above"
+        return f"in {self.sink.log_path}, not on this terminal"
+
+    def _tell_due(self) -> None:
+        """Tell the tracer from when a step's end needs _on_progress, after each change of what it reads.
+
+        At once while a thread is stalled; once the armed deadline has passed (faulthandler may
+        have dumped while the GIL was held); never while nothing is armed. Set under the lock
+        from the state as it is then, so the last of two racing updates is also the latest.
+        """
+        with self._lock:
+            armed = self._armed_for
+            due = NEVER if armed is None else armed
+            self.tracer.progress_due = 0.0 if self._stalled or self._dormant else due
+
+    def _guard(self, frame: TracedStep) -> None:
+        """Before a dlopen: the heartbeat may not run again until it returns, so the C timer must be armed."""
+        if self._dormant:
+            self.wake_up()
+        self._cover(frame.start, self.timeout)
+
+    def _cover(self, start: float, limit: float) -> None:
+        """See that faulthandler's timer is armed for a step that began at START with threshold LIMIT.
+
+        Arming starts a thread in faulthandler and cancelling joins it, about 70 us
+        each: too dear for every one of the tens of dlopens an `import torch` makes in
+        a burst. So a deadline already armed is kept when it is due no later than this
+        step's own and less than `longest` earlier, as the heartbeat keeps its own.
+        """
+        deadline = start + limit + _GRACE
+        armed = self._armed_for
+        if armed is None or armed > deadline or armed <= deadline - self.longest:
+            self._arm(deadline, start)
+
+    def _unguard(self, frame: TracedStep) -> None:
+        """After a dlopen: say so if faulthandler reported it.
+
+        A timer still armed is left for the heartbeat's next look, which re-arms it
+        for what is in flight then or cancels it; cancelling here would cost each
+        load a thread join (see _cover).
+        """
+        armed = self._armed_for
+        if armed is None:
+            return
+        now = time.monotonic()
+        if now < armed:
+            return
+        with self._reporting:
+            if self._fired(now):
+                self.sink.event(
+                    "resumed",
+                    f"RESUMED after {now - frame.start:.1f} s: {frame.name} ended "
+                    f"(stacks dumped {self._dumped_where()})",
+                    {"name": frame.name, "seconds": now - frame.start},
+                )
+                self._thread_map()  # faulthandler's dump named the threads by address only
+
+    def _fired(self, now: float) -> bool:
+        """Whether faulthandler's timer has fired (its deadline passed, never cancelled): true once per
+        firing, for whoever sees it first, the heartbeat or the thread whose step ended."""
+        with self._lock:
+            armed = self._armed_for
+            if armed is None or now < armed:
+                return False
+            self._armed_for = None
+        self._tell_due()
+        return True
+
+    # -- faulthandler's timer -------------------------------------------------------------
+    def _arm(self, deadline: float, now: float) -> None:
+        """Have faulthandler dump at DEADLINE, unless what is armed may stand (see __init__).
+
+        A deadline armed may stand when it is no later than DEADLINE, less than
+        `longest` earlier, and not so near that the heartbeat could not move it in time.
+        """
+        with self._lock:  # never re-armed after stop(): faulthandler is unloaded at exit
+            if not self._running:
+                return
+            armed = self._armed_for
+            if (
+                armed is not None
+                and deadline - self.longest < armed <= deadline
+                and armed - now > 2 * self.interval
+                and self.faults.holds_ours(armed)  # not replaced by an earlier deadline of the program's
+            ):
+                return
+            self._arm_now(deadline, now)
+
+    def _arm_now(self, deadline: float, now: float) -> None:
+        try:
+            self.faults.arm_ours(deadline, now, self.sink.dump_fd(), self.exit_on_stall)
+        except (OSError, ValueError, RuntimeError) as error:
+            self.sink.warn(f"cannot arm faulthandler's timer: {error}")
+            return
+        self._armed_for = deadline
+        self._tell_due()
+
+    def _disarm(self) -> None:
+        with self._lock:
+            if self._armed_for is not None:
+                self.faults.cancel_ours()
+                self._armed_for = None
+                self._tell_due()

@@ -1,0 +1,1 @@
+"""The watcher process: its launch from the traced process, its main loop, and its look at /proc."""

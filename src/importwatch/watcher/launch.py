@@ -1,0 +1,187 @@
+"""Starts the watcher process at activation and silences it at exit (runs in the traced process).
+
+The watcher itself (loop.py) follows the traced process's lines and reports its stalls and
+death from outside.
+
+How it is started (launch(), in the traced process, at activation):
+- a pipe carries every text line the sink writes (sink.Feed); its write end is
+  non-blocking, so a slow or dead watcher costs lines, never time. The traced
+  process also keeps the read end open: if the watcher dies, writes fill the pipe
+  and are dropped, and never raise SIGPIPE in a program that set SIGPIPE to SIG_DFL;
+- the watcher is double-forked (fork; the child forks the watcher and leaves at once): it
+  is never the program's child, so the program's own os.wait() never sees it and it
+  never becomes the program's zombie. It runs `python -I -S`, in its own session,
+  with stdin and stdout on /dev/null; the stderr it holds is a dup of the program's,
+  because the death line must still reach it after the program is gone. So it
+  exits as soon as the program does (end of the feed, or the pidfd), and a
+  pipe reader waiting for EOF on the program's stderr waits only milliseconds more.
+
+Never a line after the program's exit: the watcher writes each burst of lines
+holding an flock on the feed pipe, and the program, at its exit, takes that lock
+and keeps it (hush). So a normal exit waits for a burst being written (a few
+milliseconds, at most HUSH_WAIT) and the watcher says nothing more; after a death
+it drops the rest of its report and writes only the death line.
+
+What it reports: see loop.Watcher.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import importwatch
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from importwatch.tracing.sink import Sink
+
+# How long the program's exit waits for the watcher to finish the lines it is writing.
+HUSH_WAIT = 1.0
+_HUSH_TRY = 0.002
+_PIPE_SIZE = 1 << 20
+# The folder importwatch is imported from: the watcher runs with -I -S, so it is put on its path.
+_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(importwatch.__file__)))
+_BOOT = "import sys; sys.path.insert(0, sys.argv.pop(1)); from importwatch.watcher.loop import main; sys.exit(main())"
+
+
+def launch(sink: Sink, timeout: float, log: str | None, exit_on_stall: bool = False) -> str | None:
+    """Start the watcher for this process and connect SINK's feed to it; returns why not, or None."""
+    executable = sys.executable and os.path.abspath(sys.executable)  # it runs from /
+    if not executable:
+        return "no python executable to run it with"
+    threading = sys.modules.get("threading")
+    if threading is not None and threading.active_count() > 1:
+        return "the program already runs threads, and forking now could deadlock"
+    if os.getpid() == 1:
+        return "this process is PID 1, so the watcher would be its child (its os.wait() would see it)"
+    read_fd, write_fd = _pipe()
+    pid = os.getpid()
+    start = _start_time(pid)
+    argv = [executable, "-I", "-S", "-c", _BOOT, _PACKAGE_ROOT, "--pid", str(pid), "--feed", str(read_fd)]
+    argv += ["--timeout", repr(timeout), "--start", str(start)]
+    # The watcher writes to the descriptor the program opened, never re-opens the path: in a shared
+    # folder the name may point elsewhere by then.
+    log_fd = sink.log.fd if log and sink.log is not None and not sink.log.broken else None
+    if log_fd is not None:
+        argv += ["--log", log, "--log-fd", str(log_fd)]
+    if exit_on_stall:
+        argv.append("--exit-on-stall")
+    if sink.stderr_mode != "all":
+        argv += ["--stderr", sink.stderr_mode]
+    # Without IMPORTWATCH* the watcher never traces itself; -I drops the other PYTHON* variables.
+    env = {key: value for key, value in os.environ.items() if not key.startswith("IMPORTWATCH")}
+    stderr = sink.stderr.fd  # the pytest plugin writes to a copy of stderr taken before capture
+    # The watcher-to-be waits for a go on GO, and the intermediate child tells its pid on INFO.
+    go_read, go_write = os.pipe()
+    info_read, info_write = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover  (the intermediate child: fork again and leave at once)
+        code = 1
+        try:
+            watcher = os.fork()
+            if watcher == 0:
+                os.close(go_write)  # so that the parent's close is the end of the pipe
+                if os.read(go_read, 1) != b"1":
+                    os._exit(0)
+                # The watcher-to-be: its own session, no terminal, stdin and stdout on /dev/null,
+                # and a working directory where nobody else can put a program or module.
+                os.setsid()
+                os.chdir("/")
+                for fd, mode in ((0, os.O_RDONLY), (1, os.O_WRONLY)):
+                    null = os.open(os.devnull, mode)
+                    if null != fd:
+                        os.dup2(null, fd)
+                        os.close(null)
+                if stderr != 2:
+                    os.dup2(stderr, 2)
+                os.set_inheritable(read_fd, True)
+                if log_fd is not None:
+                    os.set_inheritable(log_fd, True)
+                os.execve(executable, argv, env)
+            os.write(info_write, str(watcher).encode("ascii"))
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(go_read)
+    os.close(info_write)
+    _, status = os.waitpid(child, 0)
+    told = os.read(info_read, 32)
+    os.close(info_read)
+    watcher = int(told) if status == 0 and told.isdigit() else 0
+    # Orphaned by the intermediate child, the watcher goes to the nearest child subreaper: if that
+    # is this process (PR_SET_CHILD_SUBREAPER survives exec), it is our child and must not run.
+    adopted = watcher > 0 and _is_child(watcher)
+    if not watcher or adopted:
+        os.close(go_write)  # the watcher-to-be reads the end of the pipe and leaves
+        if adopted:
+            os.waitpid(watcher, 0)  # reaped here: the program's os.wait() never sees it
+        os.close(read_fd)
+        os.close(write_fd)
+        if adopted:
+            return "this process is a child subreaper, so the watcher would be its child (its os.wait() would see it)"
+        return "it could not be spawned"
+    os.write(go_write, b"1")
+    os.close(go_write)
+    sink.attach_feed(write_fd, read_fd)
+    return None
+
+
+def _is_child(pid: int) -> bool:
+    """Whether PID is a child of this process (the call reaps it only if it has ended already)."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return False
+    return True
+
+
+def hush(sink: Sink) -> None:
+    """At the program's exit: tell the watcher, let it finish the lines it is writing, silence it.
+
+    The lock taken here is held until the process is gone, so once the parent has
+    the exit status no line of the watcher follows the program's own last output.
+    """
+    import fcntl
+    import time
+
+    feed = sink.feed
+    if feed is None:
+        return
+    sink.feed_line("#exit")
+    # Counted in tries, not by the clock: a debugger that stops this process meanwhile (the
+    # watcher's, reading stacks it will write once it lets go) must not use up the wait.
+    for _ in range(int(HUSH_WAIT / _HUSH_TRY)):
+        try:
+            fcntl.flock(feed.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            time.sleep(_HUSH_TRY)
+        except OSError:
+            return
+    # A watcher stopped or stuck while holding it: the exit does not wait longer.
+
+
+def _pipe() -> tuple[int, int]:
+    """A pipe whose ends are above 2 (stdin may be closed), the write end non-blocking and enlarged."""
+    import fcntl
+
+    ends = []
+    for fd in os.pipe():
+        if fd <= 2:
+            moved = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3)
+            os.close(fd)
+            fd = moved
+        ends.append(fd)
+    os.set_blocking(ends[1], False)
+    try:
+        # About 15,000 lines: room for the watcher's own start-up and a burst of imports.
+        fcntl.fcntl(ends[1], getattr(fcntl, "F_SETPIPE_SZ", 1031), _PIPE_SIZE)
+    except OSError:
+        pass  # above /proc/sys/fs/pipe-max-size: the default 64 KiB does
+    return ends[0], ends[1]
+
+
+def _start_time(pid: int) -> int:
+    with open(f"/proc/{pid}/stat", "rb") as stat:
+        return int(stat.read().rpartition(b")")[2].split()[19])

@@ -1,0 +1,724 @@
+"""The watcher process's main loop: follows the traced process's lines, reports its stalls and death from outside.
+
+It runs as `python -I -S`, started by launch.py; what it reports: see Watcher. Everything it
+writes carries the traced pid.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from importwatch.events import Event
+    from importwatch.tracing.sink import Sink
+    from importwatch.watcher import outside
+    from importwatch.watcher.outside import ThreadSample
+
+# The outside report comes this long after the threshold, so it follows the in-process STALL
+# report and faulthandler's dump (armed 0.3 s after it) instead of interleaving with them.
+REPORT_DELAY = 0.5
+SAMPLE_INTERVAL = 0.25
+FEED_BATCH = 0.02  # after reading the feed, how long the watcher lets lines gather (see run)
+# With --exit-on-stall, how long the watcher lets the program end itself before killing it.
+EXIT_GRACE = 1.5
+# The longest a debugger may keep the process stopped to read its native stacks.
+STACKS_TIMEOUT = 10.0
+# Names the program's own threads of ours are announced under (see watchdog.py).
+_OUR_THREADS = {"importwatch-heartbeat": "importwatch's heartbeat (ours)"}
+_TIMER_THREAD = "faulthandler's timer thread, armed by importwatch (ours)"
+# Reports repeat while a stall lasts, each interval twice the one before (as the watchdog's).
+_GROWTH = 2.0
+_THREAD_LINES = 12  # threads listed one per line; the rest are counted
+
+
+class Step:
+    """One import, native load, phase or step in flight in the traced process, as the feed told it."""
+
+    __slots__ = ("depth", "kind", "name", "start", "warnings")
+
+    def __init__(self, kind: str, name: str, start: float, depth: int) -> None:
+        self.kind = kind
+        self.name = name
+        self.start = start
+        self.depth = depth
+        self.warnings: list[str] = []  # "! ..." lines written while this step was the innermost
+
+    def describe(self, now: float) -> str:
+        label = f"dlopen {self.name}" if self.kind == "native" else self.name
+        return f"{label} ({now - self.start:.1f} s)"
+
+
+_STARTS = {"import", "native", "phase", "step"}
+_ENDS = {"import_end", "native_end", "phase_end", "step_end"}
+
+
+class Watcher:
+    """Follows one traced process through its feed; reports stalls and a death from outside.
+
+    A stall is something in flight and no start or end line for TIMEOUT seconds. The
+    report says, per thread, the state, the wait channel, whether CPU time advanced
+    (busy, waiting or stopped), what a blocked call waits on, the libraries mapped
+    since the native load in flight began and the one most likely initialising, the
+    "!" lines written for that load, and the native stacks when a debugger is there.
+    """
+
+    def __init__(
+        self, sink: Sink, pid: int, feed: int, timeout: float, start: int | None, exit_on_stall: bool
+    ) -> None:
+        from importwatch.facts.mapped import MappedObjects
+
+        self.sink = sink
+        self.pid = pid
+        self.feed = feed
+        self.timeout = timeout
+        self.start_time = start
+        self.exit_on_stall = exit_on_stall
+        self.stacks: dict[str, list[Step]] = {}
+        self.tids: dict[str, int] = {"MainThread": pid}
+        self.progress = 0.0
+        self.clean = False  # the program said it exits (atexit, or --exit-on-stall)
+        self.reports = 0  # stall reports for the current stall
+        self.lost = 0
+        self.samples: list[tuple[float, dict[int, ThreadSample]]] = []
+        self.mapped = MappedObjects(pid)
+        self.mapped_before: dict[str, None] = dict(self.mapped.paths)
+        self.told_mapped = False  # the program sent its own list of what was mapped at its start
+        self._buffer = b""
+        self._pidfd: int | None = None
+        self.silent = False  # the program has exited, or died: no more report lines
+        self.stacks_for: Step | None = None  # the stalled step whose stacks were shown
+        self.timer_tids: set[int] = set()  # faulthandler's timer threads seen so far
+        self.told_foreign = False  # said once that someone else's debugger holds the process
+        self.busy_told = False  # the program's own watchdog found the stalled thread busy
+
+    # -- the main loop -------------------------------------------------------------------
+    def run(self) -> int:
+        import select
+        import time
+
+        from importwatch.watcher import outside
+
+        try:
+            self._pidfd = os.pidfd_open(self.pid)
+        except (AttributeError, OSError):
+            self._pidfd = None  # Linux < 5.3 or Python < 3.9: poll /proc instead
+        if not outside.alive(self.pid, self.start_time):
+            self._read_all()
+            return self.ended()
+        poller = select.poll()
+        poller.register(self.feed, select.POLLIN)
+        if self._pidfd is not None:
+            poller.register(self._pidfd, select.POLLIN)
+        self.progress = time.monotonic()
+        while True:
+            wait = self._next_wakeup(time.monotonic())
+            events = poller.poll(None if wait is None else max(wait, 0.0) * 1000)
+            fed = False
+            for fd, _ in events:
+                if fd == self.feed:
+                    data = os.read(self.feed, 1 << 16)
+                    if not data:
+                        return self.ended()
+                    self.take(data, time.monotonic())
+                    fed = True
+                elif fd == self._pidfd:
+                    self._read_all()
+                    return self.ended()
+            if self._pidfd is None and not outside.alive(self.pid, self.start_time):
+                self._read_all()
+                return self.ended()
+            self.tick(time.monotonic())
+            if fed:
+                # Let lines gather in the pipe: a write wakes the watcher only while it waits in
+                # poll(), and each wake-up is a cost to the program (about 7 us of its system time).
+                time.sleep(FEED_BATCH)
+
+    def _next_wakeup(self, now: float) -> float | None:
+        if not self._in_flight():
+            return None if self._pidfd is not None else 1.0
+        wait = SAMPLE_INTERVAL
+        if self.timeout > 0:
+            wait = min(wait, self._due() - now)
+        return wait
+
+    def _due(self) -> float:
+        # With --exit-on-stall, faulthandler may end a GIL-held stall 0.3 s after the threshold:
+        # report at the threshold, so the outside view is out before the process is gone.
+        delay = 0.0 if self.exit_on_stall and self.reports == 0 else REPORT_DELAY
+        return self.progress + self.timeout * _GROWTH**self.reports + delay
+
+    def _read_all(self) -> None:
+        """What the feed still holds (the process is gone; its last lines may name the culprit)."""
+        import time
+
+        os.set_blocking(self.feed, False)
+        while True:
+            try:
+                data = os.read(self.feed, 1 << 16)
+            except OSError:
+                return
+            if not data:
+                return
+            self.take(data, time.monotonic())
+
+    # -- following the feed ------------------------------------------------------------------
+    def take(self, data: bytes, now: float) -> None:
+        """Apply the complete lines in DATA (a partial last line waits for the rest)."""
+        from importwatch.events import parse_line
+
+        data = self._buffer + data
+        lines = data.split(b"\n")
+        self._buffer = lines.pop()
+        for raw in lines:
+            line = raw.decode("ascii", "replace")
+            if line.startswith("#"):
+                self._control(line)
+                continue
+            event = parse_line(line)
+            if event is not None:
+                self.apply(event, now)
+
+    def _control(self, line: str) -> None:
+        word, _, rest = line[1:].partition(" ")
+        if word == "exit":
+            self.clean = True
+        elif word == "thread":
+            name, _, tid = rest.rpartition(" ")
+            if tid.isdigit():
+                self.tids[name] = int(tid)
+        elif word == "lost" and rest.isdigit():
+            self.lost += int(rest)
+        elif word == "mapped" and rest:
+            if not self.told_mapped:  # the program's own list replaces our first look
+                self.told_mapped = True
+                self.mapped_before = {}
+            self.mapped_before[rest] = None
+
+    def apply(self, event: Event, now: float) -> None:
+        """One event: starts and ends move the per-thread stacks; both count as progress."""
+        kind = event.kind
+        if kind in _STARTS or kind in _ENDS:
+            stack = self.stacks.setdefault(event.thread, [])
+            # The indentation is the depth: lost lines cannot leave a step in flight forever.
+            del stack[event.depth :]
+            if kind in _STARTS:
+                stack.append(Step(kind, event.name, now, event.depth))
+            elif kind == "native_end":
+                self._after_native_end(event)
+            self._progress(now)
+        elif kind == "checkpoint":
+            self._progress(now)
+        elif kind == "busy":
+            self.busy_told = True
+        elif kind == "warning":
+            stack = self.stacks.get(event.thread)
+            if stack:
+                stack[-1].warnings.append(event.text.strip())
+        elif event.text.startswith("exiting with status"):
+            self.clean = True
+
+    def _progress(self, now: float) -> None:
+        self.busy_told = False
+        if self.reports:
+            self.reports = 0
+        self.progress = now
+        self.samples.clear()
+
+    def _after_native_end(self, event: Event) -> None:
+        # The baseline for "mapped since the load in flight began": what was mapped when the
+        # watcher started, plus what every load since has said it mapped. Told by the program
+        # itself, it cannot race the next dlopen the way a fresh read of the maps would. The maps
+        # name files by their real paths; the program may have listed them as the loader found them.
+        self.mapped_before[os.path.realpath(event.name)] = None
+        _, found, listing = event.text.partition(" new: ")
+        if found and "; mapped " in event.text:
+            self.mapped_before.update(dict.fromkeys(os.path.realpath(path) for path in listing.split(", ")))
+
+    def _in_flight(self) -> dict[str, list[Step]]:
+        return {name: stack for name, stack in self.stacks.items() if stack}
+
+    # -- stalls -------------------------------------------------------------------------------
+    def tick(self, now: float) -> None:
+        """Between lines: sample the threads' CPU time, and report when a stall is due."""
+        from importwatch.watcher import outside
+
+        if not self._in_flight():
+            return
+        if not self.samples or now - self.samples[-1][0] >= SAMPLE_INTERVAL * 0.9:
+            self.samples.append((now, outside.sample_threads(self.pid)))
+            # Keep enough to measure the last second (or the last threshold, when shorter).
+            while len(self.samples) > 2 and now - self.samples[1][0] >= self._window():
+                self.samples.pop(0)
+        if self.timeout > 0 and now >= self._due():
+            self.report(now)
+
+    def _window(self) -> float:
+        return min(1.0, self.timeout) if self.timeout > 0 else 1.0
+
+    def report(self, now: float) -> None:
+        """The outside report of a stall; see the class docstring."""
+        from importwatch.watcher import outside
+
+        self.reports += 1
+        lines = self._report_lines(now)
+        if not self._say(lines) or not self.reports:
+            return  # the program exited, died or moved on meanwhile
+        verdict = lines[0][2].get("verdict") if lines else None
+        # With --exit-on-stall the program's watchdog may be timing a busy thread's CPU use to decide
+        # whether to exit, and a debugger's stop would look like idleness: the stacks wait for a
+        # later report, once the program has said the thread is busy.
+        deciding = verdict == outside.BUSY and self.exit_on_stall and not self.busy_told
+        if verdict in (outside.WAITING, outside.BUSY) and not deciding:
+            self._stacks()  # last, as a debugger takes a while: the lines above are out already
+        # Never a program whose own watchdog has found the thread busy: from here a thread waiting
+        # for the GIL on a loaded machine can look idle.
+        ends = verdict in (outside.WAITING, outside.STOPPED) and not self.busy_told
+        if self.exit_on_stall and self.reports and ends:
+            self._end_stalled(verdict)
+
+    def _say(self, lines: list[tuple[str, str, dict]]) -> bool:
+        """Write LINES at once, unless the program has exited or died meanwhile; False when not."""
+        if not self._hold():
+            return False
+        try:
+            return self._write(lines)
+        finally:
+            self._release()
+
+    def _hold(self) -> bool:
+        """Take the lock the program takes at its exit (see hush); False when it is exiting or gone."""
+        import fcntl
+
+        if self.silent:
+            return False
+        self._read_available()
+        if self.clean or not self._alive():
+            self.silent = True
+            return False
+        try:
+            fcntl.flock(self.feed, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.silent = True  # the program holds it: it is exiting
+            return False
+        except OSError:
+            pass  # no lock on this pipe: the checks above must do
+        return True
+
+    def _release(self) -> None:
+        import fcntl
+
+        try:
+            fcntl.flock(self.feed, fcntl.LOCK_UN)
+        except OSError:
+            pass
+
+    def _write(self, lines: list[tuple[str, str, dict]]) -> bool:
+        """LINES, while the lock is held; none if the program died meanwhile (only the death line is due)."""
+        if not self._alive():
+            self.silent = True
+            return False
+        for kind, body, fields in lines:
+            self.sink.event(kind, f"outside: {body}", fields)
+        return True
+
+    def _alive(self) -> bool:
+        from importwatch.watcher import outside
+
+        if self._pidfd is not None:
+            import select
+
+            return not select.select([self._pidfd], [], [], 0)[0]
+        return outside.alive(self.pid, self.start_time)
+
+    def _read_available(self) -> None:
+        """Take what the feed holds now without waiting (an `#exit` silences the report)."""
+        import time
+
+        while True:
+            try:
+                data = os.read(self.feed, 1 << 16) if self._readable() else b""
+            except OSError:
+                return
+            if not data:
+                return
+            self.take(data, time.monotonic())
+
+    def _readable(self) -> bool:
+        import select
+
+        return bool(select.select([self.feed], [], [], 0)[0])
+
+    def _stacks(self) -> None:
+        """Every thread's native stack, the stalled thread's first, ours in one line each.
+
+        Read once per stalled step: a report that finds the same step still in flight
+        says so in one line. The debugger stops the process while it reads; the
+        samples taken before are dropped, so no busy-or-waiting verdict spans the stop.
+        """
+        from importwatch.watcher import outside
+
+        chains = self._in_flight()
+        culprit_name = "MainThread" if "MainThread" in chains else next(iter(chains))
+        step = chains[culprit_name][-1]
+        if step is self.stacks_for:
+            self._say([("outside", "native stacks: as in the first report of this stall", {})])
+            return
+        self.stacks_for = step
+        # The lock is held from before the debugger attaches until the stacks are out: a program
+        # that ends meanwhile waits for them in hush (it is stopped for most of that time anyway).
+        if not self._hold():
+            return
+        try:
+            found = outside.read_stacks(self.pid, STACKS_TIMEOUT)
+            try:
+                # Written while gdb still holds the process: it cannot end (nor exit, were
+                # faulthandler's exit due) before its stacks are out.
+                self._write(self._stack_lines(found, chains, culprit_name))
+            finally:
+                if not isinstance(found, str):
+                    found.release()
+            self.samples.clear()  # they span the stop
+        finally:
+            self._release()
+
+    def _stack_lines(
+        self, found: outside.Stacks | str, chains: dict[str, list[Step]], culprit_name: str
+    ) -> list[tuple[str, str, dict]]:
+        """The stalled thread's stack first, then the other threads in flight, the rest, ours last."""
+        if isinstance(found, str):
+            return [("outside", found, {})]
+        names = {tid: name for name, tid in self.tids.items()}
+        first = self.tids.get(culprit_name, self.pid)
+        flying = {self.tids.get(name) for name in chains}
+        ordered = sorted(
+            found.threads, key=lambda thread: (thread[0] != first, thread[0] not in flying, thread[0] or 0)
+        )
+        body = []
+        ours = []
+        for tid, header, frames in ordered:
+            label = _OUR_THREADS.get(names.get(tid, ""))
+            if label is None and any("faulthandler_thread" in frame for frame in frames):
+                label = _TIMER_THREAD
+                self.timer_tids.add(tid or 0)
+            if label is not None:
+                ours.append(f"{header}: {label}")
+                continue
+            name = names.get(tid)
+            body += [f"{header} {name}" if name else header] if header else []
+            body += frames
+        title = f"native stacks ({found.tool}, read in {found.seconds:.1f} s with the process stopped):"
+        lines = [title, *(f"  {line}" for line in body), *(f"  {line}" for line in ours)]
+        return [("outside", line, {}) for line in lines]
+
+    def _end_stalled(self, verdict: str) -> None:
+        """--exit-on-stall: the program ends itself when it can; kill it when it cannot (stopped).
+
+        Never while someone else's debugger holds it: a person is looking at it.
+        """
+        import time
+
+        from importwatch.watcher import outside
+
+        # The program's own watchdog ends it with status 1 when it can act (within a second
+        # of the threshold); the watcher steps in only when it cannot, as in a stopped process.
+        deadline = time.monotonic() + EXIT_GRACE
+        while True:
+            stat = outside.process_stat(self.pid)
+            if stat is None or stat.state in "ZX":
+                return  # it ended by itself
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
+        tracer = outside.tracer_pid(self.pid)
+        if tracer and not outside.traced_by_us(self.pid, tracer):
+            if not self.told_foreign:
+                self.told_foreign = True
+                who = f"pid {tracer} {outside.command_of(tracer)}"
+                self._say(
+                    [("outside", f"--exit-on-stall: {who} is debugging it: left as it is, not killed", {})]
+                )
+            return
+        said = self._say([("exit", f"--exit-on-stall: the program is {verdict}, not busy: killing it", {})])
+        if not said:
+            return
+        self.clean = True
+        try:
+            os.kill(self.pid, 9)
+        except OSError:
+            pass
+
+    def _report_lines(self, now: float) -> list[tuple[str, str, dict]]:
+        from importwatch.watcher import outside
+
+        pid = self.pid
+        current = outside.sample_threads(pid, detail=True)
+        if not current:
+            return []
+        earlier, seconds = self._earlier(now)
+        stat = outside.process_stat(pid)
+        chains = self._in_flight()
+        names = {tid: name for name, tid in self.tids.items()}
+        culprit_name = "MainThread" if "MainThread" in chains else next(iter(chains))
+        culprit = (
+            current.get(self.tids.get(culprit_name, -1)) or current.get(pid) or next(iter(current.values()))
+        )
+
+        verdicts = {}
+        for tid, sample in current.items():
+            share = outside.cpu_share(earlier.get(tid), sample, seconds)
+            verdicts[tid] = (outside.verdict(sample, share), share)
+        if stat is not None and stat.state in "Tt":
+            overall = outside.STOPPED
+        else:
+            overall = verdicts[culprit.tid][0]
+            if overall == outside.GONE:
+                overall = outside.WAITING
+        chain = " > ".join(step.describe(now) for step in chains[culprit_name])
+        lines: list[tuple[str, str, dict]] = []
+        head = self._headline(overall, culprit_name, culprit, verdicts[culprit.tid][1], seconds, stat)
+        lines.append(("outside", f"{head}; in flight: {culprit_name}: {chain}", {"verdict": overall}))
+
+        # Threads in flight first, then the rest, ours last; a long tail of idle threads is counted.
+        code = outside.CodeRanges(pid)
+        ours = {tid: self._ours(tid, names.get(tid), sample, code) for tid, sample in current.items()}
+        order = sorted(
+            current, key=lambda tid: (bool(ours[tid]), names.get(tid) not in chains, tid != pid, tid)
+        )
+        for index, tid in enumerate(order):
+            if index == _THREAD_LINES:
+                rest = [verdicts[t][0] for t in order[index:]]
+                summary = ", ".join(f"{rest.count(v)} {v}" for v in sorted(set(rest)))
+                lines.append(("outside", f"{len(rest)} more threads: {summary}", {}))
+                break
+            sample = current[tid]
+            if ours[tid]:
+                label = names.get(tid) or "faulthandler-timer"
+                lines.append(("outside", f"{label} (tid {tid}): {ours[tid]}", {"thread": label, "tid": tid}))
+                continue
+            label = names.get(tid) or f"thread-{tid}"
+            what, share = verdicts[tid]
+            body = f"{label} (tid {tid}, {sample.comm}): {self._state_text(sample, share)}: {what}"
+            if what != outside.BUSY:
+                waits = outside.waits_on(pid, sample)
+                if waits:
+                    body += f"; {waits}"
+            lines.append(("outside", body, {"thread": label, "tid": tid, "verdict": what}))
+
+        if stat is not None and stat.state in "Tt":
+            lines.append(("outside", self._stopped_hint(stat), {}))
+        elif outside.stdin_terminal(pid) and stat is not None and stat.background:
+            lines.append(("outside", "it reads a terminal on stdin from the background: redirect stdin", {}))
+        lines += self._mapped_lines(pid, chains[culprit_name], culprit, code)
+        for step in chains[culprit_name]:
+            for warning in step.warnings:
+                lines.append(("outside", f"said for {step.name}: {warning}", {}))
+        if self.lost:
+            lines.append(
+                ("outside", f"the feed lost {self.lost} lines: in-flight steps may be incomplete", {})
+            )
+        return lines
+
+    def _ours(self, tid: int, name: str | None, sample: ThreadSample, code: outside.CodeRanges) -> str | None:
+        """What a thread of ours is, or None for the program's own threads."""
+        from importwatch.watcher import outside
+
+        if name in _OUR_THREADS:
+            return _OUR_THREADS[name]
+        if tid in self.timer_tids or (name is None and outside.is_timer_thread(self.pid, sample, code)):
+            self.timer_tids.add(tid)
+            return _TIMER_THREAD
+        return None
+
+    def _earlier(self, now: float) -> tuple[dict[int, ThreadSample], float]:
+        """The sample about one window ago, taken during the stall, and the seconds since."""
+        window = self._window()
+        for when, sample in self.samples:
+            if now - when <= window * 1.3:
+                return sample, now - when
+        if self.samples:
+            when, sample = self.samples[-1]
+            return sample, now - when
+        return {}, 0.0
+
+    @staticmethod
+    def _state_text(sample: ThreadSample, share: float | None) -> str:
+        text = sample.state_name
+        if sample.wchan:
+            text += f" in {sample.wchan}"
+        if share is not None:
+            text += f", {share * 100:.0f}% CPU"
+        return text
+
+    def _headline(self, overall, name, culprit, share, seconds, stat) -> str:
+        from importwatch.watcher import outside
+
+        who = f"{name} {self._state_text(culprit, share)}"
+        span = f" over the last {seconds:.1f} s" if seconds else ""
+        if overall == outside.BUSY:
+            return (
+                f"busy, not stuck: {who}{span}; a long import that keeps a CPU busy is often CUDA JIT "
+                "(compiling PTX for this GPU) or a build, and ends by itself"
+            )
+        if overall == outside.STOPPED:
+            return (
+                f"stopped: process {self.pid} is stopped ({stat.state_name if stat else 'T'}), nothing runs"
+            )
+        return f"waiting: {who}{span}; not using CPU: blocked, not slow"
+
+    def _stopped_hint(self, stat) -> str:
+        if stat.background:
+            return (
+                "it is a background job of its terminal: touching the terminal stops it (SIGTTIN/SIGTTOU); "
+                "redirect stdin (< /dev/null) or run it in the foreground"
+            )
+        from importwatch.watcher import outside
+
+        tracer = outside.tracer_pid(self.pid)
+        if tracer:
+            return (
+                f"pid {tracer} {outside.command_of(tracer)} is debugging it (ptrace): it goes on when freed"
+            )
+        return f"something stopped it (SIGSTOP or SIGTSTP); kill -CONT {self.pid} resumes it"
+
+    def _mapped_lines(
+        self, pid: int, chain: list[Step], culprit: ThreadSample, code: outside.CodeRanges
+    ) -> list[tuple[str, str, dict]]:
+        from importwatch.watcher import outside
+
+        load = next((step for step in reversed(chain) if step.kind == "native"), None)
+        if load is None:
+            return []
+        current = self.mapped.scan() or {}
+        new = [path for path in current if path not in self.mapped_before]
+        lines: list[tuple[str, str, dict]] = []
+        if new:
+            names = ", ".join(os.path.basename(path) for path in new)
+            lines.append(("outside", f"mapped since dlopen {load.name} began: {names}", {"mapped": new}))
+        on_stack = outside.libraries_on_stack(pid, culprit, code)
+        # The file in dlopen counts too: the watcher may read the maps only after dlopen mapped it.
+        candidates = {*new, os.path.realpath(load.name), load.name}
+        initialising = next((path for path in on_stack if path in candidates), None)
+        how = "innermost new library on its stack"
+        if initialising is None and new:
+            # No stack to read: mmap hands out addresses top down, so the lowest is the last mapped.
+            initialising, how = new[0], "mapped last"
+        if initialising is None:
+            initialising, how = os.path.realpath(load.name), "the file in dlopen, or one it needs"
+        if initialising is not None:
+            lines.append(
+                (
+                    "outside",
+                    f"most likely initialising: {initialising} ({how})",
+                    {"initialising": initialising},
+                )
+            )
+        if on_stack:
+            shown = ", ".join(os.path.basename(path) for path in on_stack[:8])
+            lines.append(("outside", f"libraries on the stack, innermost first: {shown}", {}))
+        return lines
+
+    # -- the end -------------------------------------------------------------------------------
+    def ended(self) -> int:
+        """The program is gone (or has exec'd): one line if it died with something in flight."""
+        import select
+        import time
+
+        from importwatch.watcher import outside
+
+        if self._pidfd is not None:
+            select.select([self._pidfd], [], [], 1.0)
+        status = None
+        deadline = time.monotonic() + 1.0
+        while True:
+            stat = outside.process_stat(self.pid)
+            if stat is None or (self.start_time is not None and stat.start != self.start_time):
+                if self._pidfd is not None:
+                    status = outside.reaped_status(self._pidfd)
+                break
+            if stat.state in "ZX":
+                status = stat.exit_code
+                break
+            if time.monotonic() > deadline:
+                return 0  # alive without its feed: it exec'd another program
+            time.sleep(0.005)
+        chains = self._in_flight()
+        if self.clean or not chains:
+            return 0
+        now = time.monotonic()
+        name, stack = next(iter(chains.items()))
+        for candidate in ("MainThread", *chains):
+            if candidate in chains:
+                name, stack = candidate, chains[candidate]
+                break
+        chain = " > ".join(step.describe(now) for step in stack)
+        if status is None:
+            how = "ended without a clean exit (its exit status was gone before the watcher could read it)"
+        else:
+            how = outside.describe_status(status)
+            if os.WIFEXITED(status) and self.exit_on_stall and self.reports and os.WEXITSTATUS(status) == 1:
+                how += ", ended by --exit-on-stall after the stall report"
+            elif os.WIFEXITED(status):
+                how += " without a clean exit (os._exit, or exit() called from C)"
+        self.sink.event(
+            "died",
+            f"outside: died during import: process {self.pid} {how} after {now - stack[0].start:.1f} s "
+            f"with in flight: {name}: {chain}",
+            {"status": status, "chain": f"{name}: {chain}"},
+        )
+        return 0
+
+
+def main(args: list[str] | None = None) -> int:
+    """`python -m importwatch.watcher.loop --pid PID --feed FD [--timeout S] [--log PATH [--log-fd FD]]`."""
+    import argparse
+    import signal
+
+    parser = argparse.ArgumentParser(prog="importwatch.watcher")
+    parser.add_argument("--pid", type=int, required=True)
+    parser.add_argument("--feed", type=int, required=True)
+    parser.add_argument("--timeout", type=float, default=30.0)
+    parser.add_argument("--start", type=int, default=None)
+    parser.add_argument("--log")  # the name of the log on --log-fd, for messages and its format
+    parser.add_argument("--log-fd", type=int, default=None)  # the program's open log: never re-opened
+    parser.add_argument("--exit-on-stall", action="store_true")
+    parser.add_argument("--stderr", default="all")  # the program's --stderr
+    options = parser.parse_args(sys.argv[1:] if args is None else args)
+    _close_inherited(keep={0, 1, 2, options.feed, options.log_fd})
+    # The terminal's signals are the program's business; the watcher leaves when the program does.
+    for name in ("SIGINT", "SIGHUP", "SIGTSTP", "SIGTTIN", "SIGTTOU", "SIGPIPE", "SIGQUIT"):
+        signal.signal(getattr(signal, name), signal.SIG_IGN)
+    from importwatch.tracing.sink import Sink
+
+    sink = Sink()
+    sink.set_stderr(options.stderr)
+    sink.pid = options.pid  # every line is about the traced process
+    sink.set_rank(sink.rank)
+    if options.log_fd is not None:
+        os.set_inheritable(options.log_fd, False)
+        sink.adopt_log(options.log_fd, options.log or f"descriptor {options.log_fd}")
+    watcher = Watcher(sink, options.pid, options.feed, options.timeout, options.start, options.exit_on_stall)
+    try:
+        return watcher.run()
+    except Exception as error:  # say it and go: a watcher must never hang around broken
+        sink.warn(f"the watcher stopped: {type(error).__name__}: {error}")
+        return 1
+
+
+def _close_inherited(keep: set[int]) -> None:
+    """Close every descriptor the program let us inherit: its pipes must see EOF when it exits."""
+    try:
+        fds = [int(fd) for fd in os.listdir("/proc/self/fd")]
+    except OSError:
+        return
+    for fd in fds:
+        if fd not in keep:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
