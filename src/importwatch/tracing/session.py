@@ -136,12 +136,14 @@ class Session:
         """The watcher process (watcher/), when asked for: it sees from outside what no thread here can."""
         if not self.settings.watcher:
             return
-        from importwatch.watcher import launch
+        from importwatch.tracing import watcher_launch
 
         self.spawning = True
         try:
             settings = self.settings
-            why = launch.launch(self.sink, settings.timeout, self.sink.log_path, settings.exit_on_stall)
+            why = watcher_launch.launch(
+                self.sink, settings.timeout, self.sink.log_path, settings.exit_on_stall
+            )
         except OSError as error:
             why = str(error)
         finally:
@@ -339,7 +341,7 @@ def _at_exit() -> None:
     if _active.watchdog is not None:
         _active.watchdog.stop()  # first: nothing of ours may fire while the exit waits in hush
     if _active.sink.feed is not None:
-        from importwatch.watcher.launch import hush  # loaded already: it started the watcher
+        from importwatch.tracing.watcher_launch import hush  # loaded already: it started the watcher
 
         hush(_active.sink)  # says `#exit` and keeps the watcher from writing after the exit
 

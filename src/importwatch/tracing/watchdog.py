@@ -419,7 +419,7 @@ class Watchdog:
         elif ends:
             sink.event("exit", "exiting with status 1 (--exit-on-stall)")
             if sink.feed is not None:
-                from importwatch.watcher.launch import hush  # loaded already: it started the watcher
+                from importwatch.tracing.watcher_launch import hush  # loaded already: it started the watcher
 
                 hush(sink)
             os._exit(1)

@@ -1,1 +1,1 @@
-"""The watcher process: its launch from the traced process, its main loop, and its look at /proc."""
+"""The watcher process: its main loop and its look at /proc (tracing/watcher_launch.py starts it)."""

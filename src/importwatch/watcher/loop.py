@@ -1,6 +1,6 @@
 """The watcher process's main loop: follows the traced process's lines, reports its stalls and death from outside.
 
-It runs as `python -I -S`, started by launch.py; what it reports: see Watcher. Everything it
+It runs as `python -I -S`, started by tracing/watcher_launch.py; what it reports: see Watcher. Everything it
 writes carries the traced pid.
 """
 

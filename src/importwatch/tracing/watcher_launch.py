@@ -1,6 +1,6 @@
 """Starts the watcher process at activation and silences it at exit (runs in the traced process).
 
-The watcher itself (loop.py) follows the traced process's lines and reports its stalls and
+The watcher itself (watcher/loop.py) follows the traced process's lines and reports its stalls and
 death from outside.
 
 How it is started (launch(), in the traced process, at activation):
@@ -22,15 +22,13 @@ and keeps it (hush). So a normal exit waits for a burst being written (a few
 milliseconds, at most HUSH_WAIT) and the watcher says nothing more; after a death
 it drops the rest of its report and writes only the death line.
 
-What it reports: see loop.Watcher.
+What it reports: see watcher/loop.py.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-
-import importwatch
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -41,7 +39,9 @@ HUSH_WAIT = 1.0
 _HUSH_TRY = 0.002
 _PIPE_SIZE = 1 << 20
 # The folder importwatch is imported from: the watcher runs with -I -S, so it is put on its path.
-_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(importwatch.__file__)))
+_PACKAGE_ROOT = os.path.dirname(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+)  # above importwatch/tracing/
 _BOOT = "import sys; sys.path.insert(0, sys.argv.pop(1)); from importwatch.watcher.loop import main; sys.exit(main())"
 
 
