@@ -14,7 +14,7 @@ import pytest
 from cbuild import FIXTURES, compile_extension, compile_shared, stand_in_torch
 from helpers import clean_env
 from importwatch.facts import scan
-from importwatch.tools.doctor import command as doctor
+from importwatch.tools.doctor import cudacheck, importcheck, rules
 
 CUDA = FIXTURES / "cuda"
 HANG = FIXTURES / "hang"
@@ -110,7 +110,7 @@ def test_hung_import_is_named_with_its_library_within_the_timeout(built: dict[st
     elapsed = time.monotonic() - started
     assert done.returncode == 1, done.stdout + done.stderr
     # Two imports of 1 s each, plus the grace and start-up: never the hang's forever.
-    assert elapsed < 2 * (1 + doctor.GRACE) + 4, elapsed
+    assert elapsed < 2 * (1 + importcheck.GRACE) + 4, elapsed
     out = done.stdout
     library = next(built["hangsite"].glob("hangpkg/_core*.so"))
     assert "  hangpkg          ok" in out
@@ -162,7 +162,7 @@ def test_without_torch_it_still_works_and_says_so(tmp_path: Path) -> None:
     # its source folder.
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True)
     python = str(tmp_path / "venv" / "bin" / "python")
-    source = str(Path(doctor.__file__).resolve().parent.parent.parent.parent)
+    source = str(Path(importcheck.__file__).resolve().parent.parent.parent.parent)
     command = [python, "-m", "importwatch", "doctor", "--timeout", "2"]
     env = clean_env(PYTHONPATH=source)
     done = subprocess.run(command, capture_output=True, text=True, timeout=30, env=env)
@@ -246,10 +246,10 @@ def test_architectures_fall_back_to_names_in_clear(tmp_path: Path) -> None:
 def test_a_gpu_without_native_code_in_an_extension_is_a_problem(tmp_path: Path) -> None:
     path = _with_fatbin(tmp_path, "old", _fatbin([(2, 70), (1, 70)]))
     lib = scan.Library(str(path), "old", ["libcudart.so.12"], [])
-    found = doctor.architecture_checks([{"index": 0, "capability": [9, 0]}], [lib])
+    found = cudacheck.architecture_checks([{"index": 0, "capability": [9, 0]}], [lib])
     assert found == [{"path": str(path), "gpu": "sm_90", "runs": "jit", "carries": ["sm_70", "compute_70"]}]
     problems: list[dict] = []
-    doctor._cuda_problems(problems, {"status": "ok", "available": True, "architectures": found})
+    rules.cuda_problems(problems, {"status": "ok", "available": True, "architectures": found})
     assert "carries no code for sm_90 (sm_70, compute_70)" in problems[0]["problem"]
     assert "compiled from PTX on first use" in problems[0]["problem"]
 

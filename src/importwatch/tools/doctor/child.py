@@ -1,0 +1,153 @@
+"""doctor's children: run one check in its own process group, killed at its time limit, watched from outside."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import importwatch
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+SAMPLE_INTERVAL = 0.25
+
+# The folder importwatch is imported from (site-packages, or a source tree).
+_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(importwatch.__file__)))
+
+
+def child_env(extra_path: Sequence[str]) -> dict[str, str]:
+    """Ours, minus IMPORTWATCH* settings (the child's options say all), plus folders given to --packages.
+
+    The children run in a folder of their own (see run_child): a relative PYTHONPATH
+    entry is made absolute from here, and importwatch itself stays importable when
+    only the working directory held it.
+    """
+    env = {key: value for key, value in os.environ.items() if not key.startswith("IMPORTWATCH")}
+    entries = [*extra_path, *env.get("PYTHONPATH", "").split(os.pathsep)]
+    entries = [os.path.abspath(entry) for entry in entries if entry]
+    if _PACKAGE_ROOT not in entries and _PACKAGE_ROOT not in sys.path[1:]:
+        entries.append(_PACKAGE_ROOT)
+    if entries:
+        env["PYTHONPATH"] = os.pathsep.join(entries)
+    return env
+
+
+def _kill_group(process: subprocess.Popen) -> None:
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class _OutsideLook:
+    """The outside view of a child while it runs: its main thread's state and CPU, sampled.
+
+    The child's own watcher may stop it for a moment with a debugger, to read its
+    native stacks: a look that finds it so is no verdict, and the CPU share is only
+    measured between two looks with no such stop in between (a busy thread stopped
+    would look idle).
+    """
+
+    def __init__(self, pid: int) -> None:
+        from importwatch.watcher import outside
+
+        self.outside = outside
+        self.pid = pid
+        self.last = None  # (time, ThreadSample of the main thread), since no stop of ours
+        self.view: str | None = None
+
+    def sample(self) -> None:
+        outside = self.outside
+        try:
+            if outside.traced_by_us(self.pid):
+                self.last = None  # the watcher's debugger holds it: the next share starts after it
+                return
+            now = time.monotonic()
+            if self.last is not None and now - self.last[0] < SAMPLE_INTERVAL:
+                return
+            threads = outside.sample_threads(self.pid, detail=True)
+            main = threads.get(self.pid)
+            tracer = outside.tracer_pid(self.pid)
+            # Stopped by a debugger that is ours now, or gone since: the watcher's, letting go.
+            ours = outside.traced_by_us(self.pid, tracer) or (
+                main is not None and main.state == "t" and not tracer
+            )
+            if main is None or ours:
+                self.last = None
+                return
+            share = outside.cpu_share(self.last[1], main, now - self.last[0]) if self.last else None
+            self.last = (now, main)
+            state = outside.verdict(main, share)
+            cpu = f", {share * 100:.0f}% CPU" if share is not None else ""
+            waits = outside.waits_on(self.pid, main) if state != outside.BUSY else None
+            others = len(threads) - 1
+            more = f"; {others} other thread{'s' if others != 1 else ''}" if others else ""
+            self.view = (
+                f"{state}: main thread {main.state_name}{cpu}" + (f", {waits}" if waits else "") + more
+            )
+        except Exception:  # a look from outside may fail; the check goes on without it
+            return
+
+
+def run_child(
+    command: list[str], limit: float, env: dict[str, str], stdout: int, stderr: int, cwd: str
+) -> tuple[int | None, float, str | None]:
+    """Run COMMAND in CWD, in its own process group; kill the group at LIMIT seconds.
+
+    CWD is the check's own private folder: `python -c` and `-m` put the working
+    directory first on sys.path, and a json.py left in the user's folder must not
+    run, nor stand in for what the check names.
+    Returns (exit status, or None when killed; seconds; the outside view just before the end).
+    """
+    started = time.monotonic()
+    process = subprocess.Popen(
+        command,
+        stdin=subprocess.DEVNULL,
+        stdout=stdout,
+        stderr=stderr,
+        env=env,
+        cwd=cwd,
+        start_new_session=True,
+    )
+    status: int | None = None
+    try:  # from here on the group is killed whatever stops us (a signal: see trials.Terminated)
+        watch = _OutsideLook(process.pid)
+        while True:
+            try:
+                status = process.wait(0.05)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            if time.monotonic() - started >= limit:
+                _kill_group(process)
+                process.wait()
+                status = None
+                break
+            watch.sample()
+    finally:
+        if process.returncode is None:
+            _kill_group(process)
+            process.wait()
+    # Anything the child left behind in its group goes with it.
+    _kill_group(process)
+    return status, time.monotonic() - started, watch.view
+
+
+def last_error_line(path: str) -> str | None:
+    """The last line of a traceback on the child's stderr: "RuntimeError: boom"."""
+    try:
+        with open(path, "rb") as file:
+            file.seek(0, os.SEEK_END)
+            file.seek(max(0, file.tell() - 65536))
+            lines = file.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        if line.strip() and not line.startswith(("[importwatch ", " ", "\t")):
+            return line.strip()
+    return None

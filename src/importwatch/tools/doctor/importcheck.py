@@ -1,0 +1,147 @@
+"""doctor's import check: one import in a fresh traced interpreter, and what its log says: ok, failed or hung."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+
+from importwatch.events import parse_line
+from importwatch.facts import cuda
+from importwatch.tools.doctor.child import last_error_line, run_child
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from importwatch.events import Event
+    from importwatch.facts.cuda import TorchFacts
+
+# After the stall threshold the traced child reports and exits by itself; this is how long it
+# gets to do so before its process group is killed.
+GRACE = 3.0
+
+
+def _in_flight(events: Sequence[Event]) -> dict[str, list[Event]]:
+    """Per thread, the steps started and not ended (imports, native loads, phases, steps), outermost first."""
+    stacks: dict[str, list[Event]] = {}
+    ends = {"import_end": "import", "native_end": "native", "phase_end": "phase", "step_end": "step"}
+    for event in events:
+        if event.kind in ("import", "native", "phase", "step"):
+            stacks.setdefault(event.thread, []).append(event)
+        elif event.kind in ends:
+            stack = stacks.get(event.thread, [])
+            for index in range(len(stack) - 1, -1, -1):
+                if stack[index].kind == ends[event.kind] and stack[index].name == event.name:
+                    del stack[index:]
+                    break
+    return {thread: stack for thread, stack in stacks.items() if stack}
+
+
+def _frame(event: Event) -> str:
+    return f"dlopen {event.name}" if event.kind == "native" else event.name
+
+
+def _read_events(path: str) -> list[Event]:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as file:
+            return [event for event in map(parse_line, file) if event is not None]
+    except OSError:
+        return []
+
+
+def _message(error: str) -> str:
+    """The message of "ImportError: MESSAGE", as the loader wrote it."""
+    kind, sep, message = error.partition(": ")
+    return message if sep and kind.isidentifier() and kind.endswith(("Error", "Exception")) else error
+
+
+def check_import(
+    module: str,
+    timeout: float,
+    env: dict[str, str],
+    torch: TorchFacts | None = None,
+    modules: Sequence[str] = (),
+    watcher: bool = True,
+) -> dict:
+    """Import MODULE (or, when given, its MODULES: a package's extension modules, one after the other)
+    in a fresh interpreter under the tracer; ok, failed or hung, and why."""
+    modules = list(modules) or [module]
+    with tempfile.TemporaryDirectory(prefix="importwatch-doctor-") as folder:
+        log = os.path.join(folder, "trace.jsonl")
+        errors = os.path.join(folder, "stderr.txt")
+        command = [sys.executable, "-m", "importwatch", "--timeout", repr(timeout), "--exit-on-stall"]
+        command += [] if watcher else ["--no-watcher"]
+        command += ["--log", log, "-c", "; ".join(f"import {name}" for name in modules)]
+        with open(errors, "wb") as stderr:
+            status, seconds, view = run_child(
+                command, timeout + GRACE, env, subprocess.DEVNULL, stderr.fileno(), folder
+            )
+        events = _read_events(log)
+        last_error = last_error_line(errors)
+    result: dict = {"module": module, "seconds": round(seconds, 3)}
+    if modules != [module]:
+        result["modules"] = modules
+    top = [e for e in events if e.kind == "import_end" and e.name in modules and e.thread == "MainThread"]
+    stalled = any(e.kind == "stall" for e in events)
+    flying = _in_flight(events)
+    if status == 0:
+        result["status"] = "ok"
+        if top and len(modules) == 1 and top[-1].ms is not None:
+            result["import_ms"] = round(top[-1].ms, 3)
+    elif status is None or stalled or (flying and seconds >= timeout):
+        result.update(_hung(events, flying, stalled or status is None, view))
+    else:
+        error = top[-1].error if top and top[-1].error else None
+        result.update(_failed(status, events, flying, error or last_error, torch))
+    return result
+
+
+def _hung(events: Sequence[Event], flying: dict[str, list[Event]], stalled: bool, view: str | None) -> dict:
+    """A hung import's fields: the chain in flight, its library, the other threads, the outside view."""
+    stack = flying.get("MainThread") or next(iter(flying.values()), [])
+    natives = [event.name for event in stack if event.kind == "native"]
+    told = [e.text.strip()[len("outside: ") :] for e in events if e.text.strip().startswith("outside: ")]
+    return {
+        "status": "hung",
+        "stalled": stalled,
+        "chain": [_frame(event) for event in stack],
+        "library": natives[-1] if natives else None,
+        "other_threads": {
+            thread: [_frame(event) for event in frames]
+            for thread, frames in flying.items()
+            if frames is not stack
+        },
+        "outside": view or (told[0] if told else None),
+    }
+
+
+def _failed(
+    status: int,
+    events: Sequence[Event],
+    flying: dict[str, list[Event]],
+    error: str | None,
+    torch: TorchFacts | None,
+) -> dict:
+    """A failed import's fields: ERROR (its own, or the child's last stderr line) or how it died, and the likely cause."""
+    result: dict = {"status": "failed"}
+    if status < 0:
+        try:
+            name = signal.Signals(-status).name
+        except ValueError:
+            name = f"signal {-status}"
+        error = f"the interpreter was killed by {name}"
+        stack = flying.get("MainThread") or []
+        if stack:
+            error += " during " + " > ".join(_frame(event) for event in stack)
+            natives = [event.name for event in stack if event.kind == "native"]
+            result["library"] = natives[-1] if natives else None
+    result["error"] = error or f"the interpreter exited with status {status}"
+    failed_loads = [e for e in events if e.kind == "native_end" and e.error]
+    cause = None
+    if failed_loads:
+        cause = cuda.explain_load_error(_message(failed_loads[-1].error or ""), failed_loads[-1].name, torch)
+    result["cause"] = cause or cuda.explain_load_error(_message(result["error"]), None, torch)
+    return result
