@@ -14,6 +14,7 @@ import sys
 import time
 
 from importwatch import config
+from importwatch.facts import procstat
 from importwatch.tracing import banner, phases
 from importwatch.tracing.blocking import BlockingSteps
 from importwatch.tracing.doors import Doors
@@ -318,10 +319,10 @@ def _on_next_line(frame: Any, then: Callable[[], None]) -> None:
 
 def _count_threads() -> int:
     """The process's threads as the kernel counts them (and as Python's fork warning does)."""
+    fields = procstat.fields("/proc/self/stat")
     try:
-        with open("/proc/self/stat", "rb") as stat:
-            return int(stat.read().rsplit(b")", 1)[1].split()[17])
-    except (OSError, IndexError, ValueError):
+        return int(fields[procstat.THREADS]) if fields is not None else 0
+    except (IndexError, ValueError):
         return 0
 
 

@@ -20,6 +20,7 @@ import os
 import sys
 import time
 
+from importwatch.facts import procstat
 from importwatch.tracing import stalls
 from importwatch.tracing.faults import SharedFaulthandler
 from importwatch.tracing.hook import NEVER
@@ -84,11 +85,10 @@ def _demand(task: str) -> float | None:
 
 def _cpu_seconds(stat_path: str) -> float | None:
     """User plus system CPU seconds of one thread, from /proc/self/task/TID/stat."""
+    fields = procstat.fields(stat_path)
     try:
-        with open(stat_path, "rb") as stat:
-            fields = stat.read().rsplit(b")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / _TICK
-    except (OSError, IndexError, ValueError):
+        return procstat.cpu_ticks(fields) / _TICK if fields is not None else None
+    except (IndexError, ValueError):
         return None
 
 

@@ -183,5 +183,9 @@ def _pipe() -> tuple[int, int]:
 
 
 def _start_time(pid: int) -> int:
-    with open(f"/proc/{pid}/stat", "rb") as stat:
-        return int(stat.read().rpartition(b")")[2].split()[19])
+    from importwatch.facts import procstat
+
+    fields = procstat.fields(f"/proc/{pid}/stat")
+    if fields is None:
+        raise OSError(f"cannot read /proc/{pid}/stat")
+    return int(fields[procstat.START_TIME])

@@ -12,6 +12,7 @@ import sys
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from importwatch.events import Event
+    from importwatch.inflight import Started
     from importwatch.tracing.sink import Sink
     from importwatch.watcher import outside
     from importwatch.watcher.outside import ThreadSample
@@ -33,25 +34,9 @@ _GROWTH = 2.0
 _THREAD_LINES = 12  # threads listed one per line; the rest are counted
 
 
-class Step:
-    """One import, native load, phase or step in flight in the traced process, as the feed told it."""
-
-    __slots__ = ("depth", "kind", "name", "start", "warnings")
-
-    def __init__(self, kind: str, name: str, start: float, depth: int) -> None:
-        self.kind = kind
-        self.name = name
-        self.start = start
-        self.depth = depth
-        self.warnings: list[str] = []  # "! ..." lines written while this step was the innermost
-
-    def describe(self, now: float) -> str:
-        label = f"dlopen {self.name}" if self.kind == "native" else self.name
-        return f"{label} ({now - self.start:.1f} s)"
-
-
-_STARTS = {"import", "native", "phase", "step"}
-_ENDS = {"import_end", "native_end", "phase_end", "step_end"}
+def _describe(step: Started, now: float) -> str:
+    label = f"dlopen {step.name}" if step.kind == "native" else step.name
+    return f"{label} ({now - step.start:.1f} s)"
 
 
 class Watcher:
@@ -68,6 +53,7 @@ class Watcher:
         self, sink: Sink, pid: int, feed: int, timeout: float, start: int | None, exit_on_stall: bool
     ) -> None:
         from importwatch.facts.mapped import MappedObjects
+        from importwatch.inflight import InFlight
 
         self.sink = sink
         self.pid = pid
@@ -75,7 +61,8 @@ class Watcher:
         self.timeout = timeout
         self.start_time = start
         self.exit_on_stall = exit_on_stall
-        self.stacks: dict[str, list[Step]] = {}
+        # Per thread name; the feed may lose lines, and the indentation is what still holds then.
+        self.flying = InFlight(by_depth=True)
         self.tids: dict[str, int] = {"MainThread": pid}
         self.progress = 0.0
         self.clean = False  # the program said it exits (atexit, or --exit-on-stall)
@@ -88,7 +75,7 @@ class Watcher:
         self._buffer = b""
         self._pidfd: int | None = None
         self.silent = False  # the program has exited, or died: no more report lines
-        self.stacks_for: Step | None = None  # the stalled step whose stacks were shown
+        self.stacks_for: Started | None = None  # the stalled step whose stacks were shown
         self.timer_tids: set[int] = set()  # faulthandler's timer threads seen so far
         self.told_foreign = False  # said once that someone else's debugger holds the process
         self.busy_told = False  # the program's own watchdog found the stalled thread busy
@@ -199,13 +186,9 @@ class Watcher:
     def apply(self, event: Event, now: float) -> None:
         """One event: starts and ends move the per-thread stacks; both count as progress."""
         kind = event.kind
-        if kind in _STARTS or kind in _ENDS:
-            stack = self.stacks.setdefault(event.thread, [])
-            # The indentation is the depth: lost lines cannot leave a step in flight forever.
-            del stack[event.depth :]
-            if kind in _STARTS:
-                stack.append(Step(kind, event.name, now, event.depth))
-            elif kind == "native_end":
+        if self.flying.follows(kind):
+            self.flying.follow(event, event.thread, now)
+            if kind == "native_end":
                 self._after_native_end(event)
             self._progress(now)
         elif kind == "checkpoint":
@@ -213,9 +196,7 @@ class Watcher:
         elif kind == "busy":
             self.busy_told = True
         elif kind == "warning":
-            stack = self.stacks.get(event.thread)
-            if stack:
-                stack[-1].warnings.append(event.text.strip())
+            self.flying.warn(event.thread, event.text.strip())
         elif event.text.startswith("exiting with status"):
             self.clean = True
 
@@ -236,8 +217,8 @@ class Watcher:
         if found and "; mapped " in event.text:
             self.mapped_before.update(dict.fromkeys(os.path.realpath(path) for path in listing.split(", ")))
 
-    def _in_flight(self) -> dict[str, list[Step]]:
-        return {name: stack for name, stack in self.stacks.items() if stack}
+    def _in_flight(self) -> dict[str, list[Started]]:
+        return self.flying.chains()
 
     # -- stalls -------------------------------------------------------------------------------
     def tick(self, now: float) -> None:
@@ -384,7 +365,7 @@ class Watcher:
             self._release()
 
     def _stack_lines(
-        self, found: outside.Stacks | str, chains: dict[str, list[Step]], culprit_name: str
+        self, found: outside.Stacks | str, chains: dict[str, list[Started]], culprit_name: str
     ) -> list[tuple[str, str, dict]]:
         """The stalled thread's stack first, then the other threads in flight, the rest, ours last."""
         if isinstance(found, str):
@@ -475,7 +456,7 @@ class Watcher:
             overall = verdicts[culprit.tid][0]
             if overall == outside.GONE:
                 overall = outside.WAITING
-        chain = " > ".join(step.describe(now) for step in chains[culprit_name])
+        chain = " > ".join(_describe(step, now) for step in chains[culprit_name])
         lines: list[tuple[str, str, dict]] = []
         head = self._headline(overall, culprit_name, culprit, verdicts[culprit.tid][1], seconds, stat)
         lines.append(("outside", f"{head}; in flight: {culprit_name}: {chain}", {"verdict": overall}))
@@ -583,7 +564,7 @@ class Watcher:
         return f"something stopped it (SIGSTOP or SIGTSTP); kill -CONT {self.pid} resumes it"
 
     def _mapped_lines(
-        self, pid: int, chain: list[Step], culprit: ThreadSample, code: outside.CodeRanges
+        self, pid: int, chain: list[Started], culprit: ThreadSample, code: outside.CodeRanges
     ) -> list[tuple[str, str, dict]]:
         from importwatch.watcher import outside
 
@@ -652,7 +633,7 @@ class Watcher:
             if candidate in chains:
                 name, stack = candidate, chains[candidate]
                 break
-        chain = " > ".join(step.describe(now) for step in stack)
+        chain = " > ".join(_describe(step, now) for step in stack)
         if status is None:
             how = "ended without a clean exit (its exit status was gone before the watcher could read it)"
         else:

@@ -19,6 +19,8 @@ import struct
 import subprocess
 import time
 
+from importwatch.facts import procstat
+
 STATES = {
     "R": "running",
     "S": "sleeping",
@@ -122,13 +124,6 @@ def read_file(path: str, limit: int = 1 << 16) -> bytes | None:
 _read = read_file  # the short name the readers below use
 
 
-def _stat_fields(data: bytes) -> tuple[str, list[bytes]]:
-    """comm and the fields after it of a /proc stat line (comm may hold spaces and parentheses)."""
-    head, _, tail = data.rpartition(b")")
-    comm = head.partition(b"(")[2].decode("ascii", "backslashreplace")
-    return comm, tail.split()
-
-
 def sample_threads(pid: int, detail: bool = False) -> dict[int, ThreadSample]:
     """Every thread of PID now; with DETAIL also its wait channel and the syscall it is blocked in."""
     try:
@@ -141,9 +136,9 @@ def sample_threads(pid: int, detail: bool = False) -> dict[int, ThreadSample]:
         data = _read(f"{base}/stat")
         if not data:
             continue
-        comm, fields = _stat_fields(data)
+        comm, fields = procstat.split(data)
         try:
-            sample = ThreadSample(tid, comm, fields[0].decode(), int(fields[11]) + int(fields[12]))
+            sample = ThreadSample(tid, comm, fields[procstat.STATE].decode(), procstat.cpu_ticks(fields))
         except (IndexError, ValueError):
             continue
         sample.demand = _demand(f"{base}/schedstat")
@@ -203,12 +198,12 @@ class ProcessStat:
 
     def __init__(self, comm: str, fields: list[bytes]) -> None:
         self.comm = comm
-        self.state = fields[0].decode()
-        self.ppid, self.pgrp = int(fields[1]), int(fields[2])
-        self.tty, self.tpgid = int(fields[4]), int(fields[5])
-        self.start = int(fields[19])
+        self.state = fields[procstat.STATE].decode()
+        self.ppid, self.pgrp = int(fields[procstat.PPID]), int(fields[procstat.PGRP])
+        self.tty, self.tpgid = int(fields[procstat.TTY]), int(fields[procstat.TPGID])
+        self.start = int(fields[procstat.START_TIME])
         # Linux >= 3.5 gives the wait status (as waitpid() would) once the process is exiting.
-        self.exit_code = int(fields[49]) if len(fields) > 49 else None
+        self.exit_code = int(fields[procstat.EXIT_CODE]) if len(fields) > procstat.EXIT_CODE else None
 
     @property
     def state_name(self) -> str:
@@ -225,7 +220,7 @@ def process_stat(pid: int) -> ProcessStat | None:
     if not data:
         return None
     try:
-        return ProcessStat(*_stat_fields(data))
+        return ProcessStat(*procstat.split(data))
     except (IndexError, ValueError):
         return None
 

@@ -9,7 +9,8 @@ import sys
 import threading
 import time
 
-from importwatch.events import WARNING, parse_line
+from importwatch.events import IMPORT, NATIVE, WARNING, parse_line
+from importwatch.inflight import InFlight, Started
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -83,17 +84,6 @@ def grace(timeout: float) -> float:
     return 1.0 + timeout / 2
 
 
-class Step:
-    """One thing in flight in a thread: an import (name) or a native load (path)."""
-
-    __slots__ = ("kind", "name", "seq")
-
-    def __init__(self, kind: str, name: str, seq: int) -> None:
-        self.kind = kind
-        self.name = name
-        self.seq = seq
-
-
 class LogState:
     """What a child's log says so far: the steps in flight per thread, what completed, what failed.
 
@@ -104,7 +94,8 @@ class LogState:
         self.started = False  # the tracer wrote its start line
         self.stalled_thread: tuple[int, str] | None = None  # (pid, thread) a stall report named
         self.exit_on_stall = False
-        self.stacks: dict[tuple[int, str], list[Step]] = {}
+        # Per (pid, thread): the imports and native loads in flight (phases and steps are not tried apart).
+        self.flying = InFlight(kinds=(IMPORT, NATIVE))
         # Imports that failed all the way to the top: (pid, chain outermost first, the error raised).
         self.failures: list[tuple[int, list[str], str]] = []
         self.warnings: list[tuple[int, int, str]] = []  # (seq, pid, "! text")
@@ -132,14 +123,15 @@ class LogState:
         if event.pid not in self.pids:
             self.pids.append(event.pid)
         kind = event.kind
-        if kind in ("import", "native"):
-            self.stacks.setdefault(key, []).append(Step(kind, event.name, self._seq))
-            self._unwinding.pop(key, None)
-            if kind == "import" and event.pid == self.pids[0]:
-                self._first_start.setdefault(event.name, self._seq)
-        elif kind in ("import_end", "native_end"):
-            self._pop(key, "import" if kind == "import_end" else "native", event.name)
-            if kind == "import_end":
+        if self.flying.follows(kind):
+            self.flying.follow(event, key, seq=self._seq)
+            if kind == "import":
+                self._unwinding.pop(key, None)
+                if event.pid == self.pids[0]:
+                    self._first_start.setdefault(event.name, self._seq)
+            elif kind == "native":
+                self._unwinding.pop(key, None)
+            elif kind == "import_end":
                 self._ended(key, event.name, event.error)
         elif kind == "start":
             self.started = True
@@ -149,18 +141,6 @@ class LogState:
             self.exit_on_stall = True
         elif kind == WARNING:  # importwatch's own warnings and the verdicts, JSON or text alike
             self.warnings.append((self._seq, event.pid, event.text))
-
-    def _pop(self, key: tuple[int, str], kind: str, name: str) -> None:
-        stack = self.stacks.get(key)
-        if not stack:
-            return
-        # Pop down to the matching start; a missing line must not leave stale steps behind.
-        for index in range(len(stack) - 1, -1, -1):
-            if stack[index].kind == kind and stack[index].name == name:
-                del stack[index:]
-                break
-        if not stack:
-            del self.stacks[key]
 
     def _ended(self, key: tuple[int, str], name: str, error: str | None) -> None:
         if error is None:
@@ -172,7 +152,7 @@ class LogState:
         # whole chain is known, outermost first.
         names, first_error = self._unwinding.setdefault(key, ([], error))
         names.append(name)
-        if key not in self.stacks:
+        if not self.flying.chain(key):
             self.failures.append((key[0], list(reversed(names)), first_error))
             del self._unwinding[key]
 
@@ -184,16 +164,17 @@ class LogState:
         names = sorted(self._completed, key=self._completed.__getitem__)
         return [name for name in names if before is None or self._completed[name] < before]
 
-    def culprit_stack(self) -> tuple[tuple[int, str] | None, list[Step]]:
+    def culprit_stack(self) -> tuple[tuple[int, str] | None, list[Started]]:
         """The thread whose steps are in flight and most likely stuck, and its steps."""
+        chains = self.flying.chains()
         if self.stalled_thread is not None:
-            for key, stack in self.stacks.items():
+            for key, stack in chains.items():
                 if key[1] == self.stalled_thread[1] and key[0] == self.stalled_thread[0]:
                     return key, stack
         root = self.pids[0] if self.pids else None
         # A hung dlopen holds the GIL, so the stuck thread is the one with a native load on top.
         ranked = sorted(
-            self.stacks.items(),
+            chains.items(),
             key=lambda item: (
                 item[0][0] != root,
                 item[1][-1].kind != "native",

@@ -16,28 +16,20 @@ from importwatch.events import (
     DIED,
     EXIT,
     IMPORT,
-    IMPORT_END,
     MAX_LINE,
     NATIVE,
-    NATIVE_END,
-    PHASE,
-    PHASE_END,
     SIGNAL,
-    STEP,
-    STEP_END,
     WARNING,
     BadLine,
     Event,
     read_line,
 )
+from importwatch.inflight import STARTED_BY, STARTS, Started, close
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
-# What starts a node, and the kind of the line that ends it.
-ENDS = {IMPORT: IMPORT_END, NATIVE: NATIVE_END, PHASE: PHASE_END, STEP: STEP_END}
-_STARTS = {end: start for start, end in ENDS.items()}
 # A clock that jumps back by more than half a day has passed midnight.
 _DAY = 86400.0
 _HALF_DAY = _DAY / 2
@@ -55,34 +47,21 @@ class LogError(Exception):
     """The file cannot be read as a log: its message is the one line the user sees."""
 
 
-class Node:
-    """One import or native load on one thread, with the imports and loads it caused."""
+class Node(Started):
+    """One import, native load, phase or step on one thread, with the imports and loads it caused.
 
-    __slots__ = (
-        "begin",
-        "children",
-        "clock",
-        "end",
-        "error",
-        "kind",
-        "ms",
-        "name",
-        "nested",
-        "parent",
-        "seq",
-        "start",
-        "unfinished",
-    )
+    While in flight it is its thread's step (inflight.Started): kind, name, start in
+    seconds on the log's clock (best estimate), seq the order of its start in its process.
+    """
+
+    __slots__ = ("begin", "children", "clock", "end", "error", "ms", "nested", "parent", "unfinished")
 
     def __init__(
         self, kind: str, name: str, start: float, parent: Node | None, clock: str = "", seq: int = 0
     ) -> None:
-        self.kind = kind  # IMPORT, NATIVE (a dlopen), PHASE (named by the program) or STEP
-        self.name = name  # module name, or the library's path
-        self.start = start  # seconds on the log's clock (best estimate)
+        Started.__init__(self, kind, name, start, seq)
         self.clock = clock  # the start line's HH:MM:SS.mmm
         self.parent = parent
-        self.seq = seq  # order of its start in its process
         self.children: list[Node] = []  # only when the trees are kept
         self.ms = 0.0  # measured duration; for an unfinished one, until the log ends
         self.nested = 0.0  # ms of the imports under it, seen through loads and phases (import_children)
@@ -458,7 +437,7 @@ class Timeline:
             process.rank = event.rank
         if kind not in _NOT_OWN:
             process.own_last = when
-        if kind in ENDS:
+        if kind in STARTS:
             thread = process.thread(event.thread)
             if len(thread.stack) >= MAX_DEPTH:
                 raise BadLine(f"nested deeper than {MAX_DEPTH} levels")
@@ -468,7 +447,7 @@ class Timeline:
             if self.keep:
                 (parent.children if parent is not None else thread.roots).append(node)
             thread.stack.append(node)
-        elif kind in _STARTS:
+        elif kind in STARTED_BY:
             self._end(process, process.thread(event.thread), event, when)
         elif kind == "start":
             process.start_text = event.text[len("start ") :]
@@ -497,22 +476,17 @@ class Timeline:
             child.endings.append(Ending(SIGNAL, when, stamp, text))
 
     def _end(self, process: Process, thread: Thread, event: Event, when: float) -> None:
-        kind = _STARTS[event.kind]
+        kind = STARTED_BY[event.kind]
         ms = event.ms
-        stack = thread.stack
-        index = len(stack) - 1
-        while index >= 0 and not (stack[index].kind == kind and stack[index].name == event.name):
-            index -= 1
-        if index < 0:
+        node, lost = close(thread.stack, kind, event.name)
+        if node is None:
             self._orphan(process, thread, kind, event, when, ms or 0.0)
             return
         # Starts above the match never ended: lines were lost; they end here, marked unfinished.
-        while len(stack) > index + 1:
-            lost = stack.pop()
-            lost.unfinished = True
-            lost.ms = max((when - lost.start) * 1000.0, 0.0)
-            self.ended(process, thread, lost)
-        node = stack.pop()
+        for step in lost:
+            step.unfinished = True
+            step.ms = max((when - step.start) * 1000.0, 0.0)
+            self.ended(process, thread, step)
         node.ms = ms if ms is not None else max((when - node.start) * 1000.0, 0.0)
         node.error = event.error
         # The start line's clock is truncated to the millisecond and so is the end's:

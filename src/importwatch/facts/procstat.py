@@ -1,0 +1,50 @@
+"""Reads a process's or a thread's /proc stat line: its command name and the fields after it.
+
+The command name (comm) is the program's to choose, spaces and parentheses included
+(`a) b (c`), so the fields are read after the LAST `)`. Imported at start-up in the
+traced process (the watchdog, fork handling): the standard library only, nothing else.
+"""
+
+from __future__ import annotations
+
+import os
+
+# Indices into the fields after comm (proc(5)'s field number minus 3).
+STATE = 0
+PPID = 1
+PGRP = 2
+TTY = 4
+TPGID = 5
+UTIME = 11
+STIME = 12
+THREADS = 17
+START_TIME = 19  # in clock ticks since boot: with the pid, it tells a process from a later one
+EXIT_CODE = 49  # Linux >= 3.5: the wait status once the process is exiting
+
+
+def split(data: bytes) -> tuple[str, list[bytes]]:
+    """The comm (ASCII, the rest escaped) and the fields after it, of the stat line DATA."""
+    head, _, tail = data.rpartition(b")")
+    return head.partition(b"(")[2].decode("ascii", "backslashreplace"), tail.split()
+
+
+def fields(path: str) -> list[bytes] | None:
+    """The fields after comm of the stat file at PATH (`/proc/PID/stat`, `/proc/self/task/TID/stat`);
+    None when it cannot be read (the process or thread is gone)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        # One read: the kernel hands the whole line over at once (it is well under a page).
+        data = os.read(fd, 4096)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return split(data)[1] if data else None
+
+
+def cpu_ticks(stat: list[bytes]) -> int:
+    """User plus system CPU time, in clock ticks, of the fields STAT (ValueError, IndexError if malformed)."""
+    return int(stat[UTIME]) + int(stat[STIME])
