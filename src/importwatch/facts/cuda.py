@@ -300,7 +300,7 @@ def gpus(root: str = NVIDIA_PROC) -> list[str]:
     return models
 
 
-def _short(path: str) -> str:
+def short_path(path: str) -> str:
     """The last two components of PATH: fastkern/_kernels.cpython-311-x86_64-linux-gnu.so."""
     parts = path.rstrip("/").split("/")
     return "/".join(parts[-2:])
@@ -331,7 +331,7 @@ def native_verdicts(
     cuda = cuda_needs(info.needed)
     if not cuda:
         return []
-    who = _short(path)
+    who = short_path(path)
     verdicts = []
     need = _runtime_need(cuda)
     if torch is not None:
@@ -469,13 +469,13 @@ def explain_load_error(message: str, path: str | None = None, torch: TorchFacts 
     who, sep, _ = text.partition(": ")
     if not sep or " " in who:
         who = ""
-    named = _short(path) if path else (_short(who) if "/" in who else who)
+    named = short_path(path) if path else (short_path(who) if "/" in who else who)
     if "undefined symbol: " in text:
         words = text.rsplit("undefined symbol: ", 1)[1].split()
         symbol = words[0].rstrip(",") if words else "?"
         readable = _demangle_prefix(symbol)
         shown = f"{readable} ({symbol})" if readable else symbol
-        subject = f"{_short(who) if who else named or 'the library'} misses {shown}"
+        subject = f"{short_path(who) if who else named or 'the library'} misses {shown}"
         if readable and readable.split("::", 1)[0] in ("c10", "at", "torch", "caffe2"):
             other = f"than {_torch_name(torch)}" if torch is not None else "than the one installed"
             return f"{subject}: it was built against another torch {other}; rebuild it against this torch"
@@ -499,7 +499,7 @@ def explain_load_error(message: str, path: str | None = None, torch: TorchFacts 
     if "version `" in text and "' not found" in text:
         symbol_version = text.split("version `", 1)[1].split("'", 1)[0]
         required = text.rsplit("(required by ", 1)[1].rstrip(")") if "(required by " in text else named
-        by = f" than {_short(required)} was built with" if required else ""
+        by = f" than {short_path(required)} was built with" if required else ""
         if symbol_version.startswith(("GLIBCXX_", "CXXABI_")):
             return (
                 f"the libstdc++ loaded is older{by} (needs {symbol_version}): an older libstdc++ "
@@ -508,7 +508,7 @@ def explain_load_error(message: str, path: str | None = None, torch: TorchFacts 
         if symbol_version.startswith("GLIBC_"):
             return f"the C library is older{by} (needs {symbol_version}): it was built on a newer system"
         return f"a library loaded is older{by} (needs symbol version {symbol_version})"
-    subject = _short(who) if "/" in who else who or named or "the library"
+    subject = short_path(who) if "/" in who else who or named or "the library"
     if "cannot allocate memory in static TLS block" in text:
         return f"{subject} uses static TLS and was loaded too late: import it earlier or put it in LD_PRELOAD"
     if "wrong ELF class" in text:

@@ -15,6 +15,7 @@ import os
 import sys
 import time
 
+from importwatch.signame import signal_name
 from importwatch.tracing.banner import mask_environment
 
 TYPE_CHECKING = False
@@ -146,7 +147,8 @@ class BlockingSteps:
         safely = self.tracer.safely
 
         def note(sent: tuple[int, int]) -> None:
-            pid, name = sent[0], _signal_name(sent[1])
+            # A number the signal module does not name stays one word: report reads the line back.
+            pid, name = sent[0], signal_name(sent[1], unknown="{}")
             sink.event(
                 "signal", f"signal {name} to child {pid} (multiprocessing)", {"signal": name, "child": pid}
             )
@@ -489,12 +491,3 @@ def _host_port(text: str) -> tuple[str | None, int | None]:
     host, _, port = text.rpartition(":")
     host = host.strip("[]") or None
     return host, int(port) if port.isdigit() else None
-
-
-def _signal_name(number: int) -> str:
-    """SIGTERM for 15; the number itself for one the signal module does not name."""
-    signals = sys.modules.get("signal")  # multiprocessing imported it
-    try:
-        return signals.Signals(number).name  # type: ignore[union-attr]
-    except (AttributeError, ValueError, TypeError):
-        return str(number)

@@ -20,6 +20,7 @@ import subprocess
 import time
 
 from importwatch.facts import procstat
+from importwatch.signame import signal_name
 
 STATES = {
     "R": "running",
@@ -229,11 +230,7 @@ def describe_status(status: int) -> str:
     """A wait status in words: "was killed by SIGKILL", "exited with status 3"."""
     if os.WIFSIGNALED(status):
         number = os.WTERMSIG(status)
-        try:
-            name = signal.Signals(number).name
-        except ValueError:
-            name = f"signal {number}"
-        text = f"was killed by {name}"
+        text = f"was killed by {signal_name(number)}"
         if number == signal.SIGKILL:
             text += " (the OOM killer, a scheduler or kill -9)"
         return text + (", core dumped" if os.WCOREDUMP(status) else "")

@@ -11,6 +11,8 @@ import time
 
 from importwatch.events import IMPORT, NATIVE, WARNING, parse_line
 from importwatch.inflight import InFlight, Started
+from importwatch.signame import signal_name
+from importwatch.tools.children import kill_group, last_line
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -39,7 +41,7 @@ class Terminated(KeyboardInterrupt):
 def stop_status(stop: KeyboardInterrupt) -> tuple[str, int]:
     """How a run stopped by a signal says so, and its exit status (128 + the signal, as a shell's)."""
     if isinstance(stop, Terminated):
-        return f"terminated by {_signal_name(stop.signum)}", 128 + stop.signum
+        return f"terminated by {signal_name(stop.signum)}", 128 + stop.signum
     return "interrupted", 128 + signal.SIGINT
 
 
@@ -301,8 +303,8 @@ class Trials:
             why = self._watch(child, log, state, cancelled)
         finally:
             if child is not None:
-                _kill_group(child)
-        tail = _tail(errors)
+                kill_group(child)
+        tail = last_line(errors) or ""
         outcome = _classify(
             child.returncode, why, state, time.monotonic() - started, self.timeout, first, tail
         )
@@ -353,29 +355,6 @@ def _read_more(path: str, offset: int, state: LogState) -> tuple[int, bool]:
     return offset + len(data), bool(data)
 
 
-def _kill_group(child: subprocess.Popen) -> None:
-    """SIGKILL the child's whole process group, then reap the child."""
-    try:
-        os.killpg(child.pid, signal.SIGKILL)
-    except OSError:
-        pass  # the group is empty already
-    child.wait()
-
-
-def _tail(path: str, limit: int = 4096) -> str:
-    """The last line of the child's stderr that is not ours (python's own error message)."""
-    try:
-        with open(path, "rb") as file:
-            file.seek(max(os.path.getsize(path) - limit, 0))
-            lines = file.read().decode("utf-8", "replace").splitlines()
-    except OSError:
-        return ""
-    for line in reversed(lines):
-        if line.strip() and not line.startswith("[importwatch "):
-            return line.strip()
-    return ""
-
-
 def _classify(
     returncode: int | None,
     why: str | None,
@@ -401,7 +380,7 @@ def _classify(
     elif state.stalled_thread is not None or state.exit_on_stall:
         outcome = Outcome(HANG, seconds, f"no progress for {timeout:g} s (stall report)")
     elif returncode is not None and returncode < 0:
-        outcome = Outcome(CRASH, seconds, f"died by {_signal_name(-returncode)}")
+        outcome = Outcome(CRASH, seconds, f"died by {signal_name(-returncode)}")
     elif stack:
         # Ended with an import in flight: faulthandler's timer ends a stall that holds the GIL
         # with status 1 and no report of ours; anything sooner is the process ending itself.
@@ -429,10 +408,3 @@ def _classify(
     elif outcome.kind == CRASH:
         outcome.chain, outcome.failed = failed, True
     return outcome
-
-
-def _signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
