@@ -30,6 +30,8 @@ from __future__ import annotations
 import os
 import sys
 
+from importwatch.facts import procstat
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from importwatch.tracing.sink import Sink
@@ -183,8 +185,6 @@ def _pipe() -> tuple[int, int]:
 
 
 def _start_time(pid: int) -> int:
-    from importwatch.facts import procstat
-
     fields = procstat.fields(f"/proc/{pid}/stat")
     if fields is None:
         raise OSError(f"cannot read /proc/{pid}/stat")
