@@ -34,6 +34,11 @@ _GROWTH = 2.0
 _THREAD_LINES = 12  # threads listed one per line; the rest are counted
 
 
+def _culprit(chains: dict[str, list[Started]]) -> str:
+    """The thread a report is about: the main thread when it has something in flight, else the first."""
+    return "MainThread" if "MainThread" in chains else next(iter(chains))
+
+
 def _describe(step: Started, now: float) -> str:
     label = f"dlopen {step.name}" if step.kind == "native" else step.name
     return f"{label} ({now - step.start:.1f} s)"
@@ -341,7 +346,7 @@ class Watcher:
         from importwatch.watcher import outside
 
         chains = self._in_flight()
-        culprit_name = "MainThread" if "MainThread" in chains else next(iter(chains))
+        culprit_name = _culprit(chains)
         step = chains[culprit_name][-1]
         if step is self.stacks_for:
             self._say([("outside", "native stacks: as in the first report of this stall", {})])
@@ -431,6 +436,7 @@ class Watcher:
             pass
 
     def _report_lines(self, now: float) -> list[tuple[str, str, dict]]:
+        """The lines of one outside report: the headline, each thread, then what the culprit's chain adds."""
         from importwatch.watcher import outside
 
         pid = self.pid
@@ -440,12 +446,10 @@ class Watcher:
         earlier, seconds = self._earlier(now)
         stat = outside.process_stat(pid)
         chains = self._in_flight()
-        names = {tid: name for name, tid in self.tids.items()}
-        culprit_name = "MainThread" if "MainThread" in chains else next(iter(chains))
+        culprit_name = _culprit(chains)
         culprit = (
             current.get(self.tids.get(culprit_name, -1)) or current.get(pid) or next(iter(current.values()))
         )
-
         verdicts = {}
         for tid, sample in current.items():
             share = outside.cpu_share(earlier.get(tid), sample, seconds)
@@ -457,16 +461,44 @@ class Watcher:
             if overall == outside.GONE:
                 overall = outside.WAITING
         chain = " > ".join(_describe(step, now) for step in chains[culprit_name])
-        lines: list[tuple[str, str, dict]] = []
         head = self._headline(overall, culprit_name, culprit, verdicts[culprit.tid][1], seconds, stat)
-        lines.append(("outside", f"{head}; in flight: {culprit_name}: {chain}", {"verdict": overall}))
-
-        # Threads in flight first, then the rest, ours last; a long tail of idle threads is counted.
+        lines: list[tuple[str, str, dict]] = [
+            ("outside", f"{head}; in flight: {culprit_name}: {chain}", {"verdict": overall})
+        ]
         code = outside.CodeRanges(pid)
+        lines += self._thread_lines(current, verdicts, chains, code)
+        if stat is not None and stat.state in "Tt":
+            lines.append(("outside", self._stopped_hint(stat), {}))
+        elif outside.stdin_terminal(pid) and stat is not None and stat.background:
+            lines.append(("outside", "it reads a terminal on stdin from the background: redirect stdin", {}))
+        lines += self._mapped_lines(pid, chains[culprit_name], culprit, code)
+        for step in chains[culprit_name]:
+            for warning in step.warnings:
+                lines.append(("outside", f"said for {step.name}: {warning}", {}))
+        if self.lost:
+            lines.append(
+                ("outside", f"the feed lost {self.lost} lines: in-flight steps may be incomplete", {})
+            )
+        return lines
+
+    def _thread_lines(
+        self,
+        current: dict[int, ThreadSample],
+        verdicts: dict[int, tuple[str, float | None]],
+        chains: dict[str, list[Started]],
+        code: outside.CodeRanges,
+    ) -> list[tuple[str, str, dict]]:
+        """One line per thread: those in flight first, then the rest, ours last; a long tail of idle
+        threads is counted."""
+        from importwatch.watcher import outside
+
+        pid = self.pid
+        names = {tid: name for name, tid in self.tids.items()}
         ours = {tid: self._ours(tid, names.get(tid), sample, code) for tid, sample in current.items()}
         order = sorted(
             current, key=lambda tid: (bool(ours[tid]), names.get(tid) not in chains, tid != pid, tid)
         )
+        lines: list[tuple[str, str, dict]] = []
         for index, tid in enumerate(order):
             if index == _THREAD_LINES:
                 rest = [verdicts[t][0] for t in order[index:]]
@@ -486,19 +518,6 @@ class Watcher:
                 if waits:
                     body += f"; {waits}"
             lines.append(("outside", body, {"thread": label, "tid": tid, "verdict": what}))
-
-        if stat is not None and stat.state in "Tt":
-            lines.append(("outside", self._stopped_hint(stat), {}))
-        elif outside.stdin_terminal(pid) and stat is not None and stat.background:
-            lines.append(("outside", "it reads a terminal on stdin from the background: redirect stdin", {}))
-        lines += self._mapped_lines(pid, chains[culprit_name], culprit, code)
-        for step in chains[culprit_name]:
-            for warning in step.warnings:
-                lines.append(("outside", f"said for {step.name}: {warning}", {}))
-        if self.lost:
-            lines.append(
-                ("outside", f"the feed lost {self.lost} lines: in-flight steps may be incomplete", {})
-            )
         return lines
 
     def _ours(self, tid: int, name: str | None, sample: ThreadSample, code: outside.CodeRanges) -> str | None:
@@ -628,11 +647,8 @@ class Watcher:
         if self.clean or not chains:
             return 0
         now = time.monotonic()
-        name, stack = next(iter(chains.items()))
-        for candidate in ("MainThread", *chains):
-            if candidate in chains:
-                name, stack = candidate, chains[candidate]
-                break
+        name = _culprit(chains)
+        stack = chains[name]
         chain = " > ".join(_describe(step, now) for step in stack)
         if status is None:
             how = "ended without a clean exit (its exit status was gone before the watcher could read it)"
