@@ -59,7 +59,12 @@ class Node(Started):
     def __init__(
         self, kind: str, name: str, start: float, parent: Node | None, clock: str = "", seq: int = 0
     ) -> None:
-        Started.__init__(self, kind, name, start, seq)
+        # Started's fields set here, not through its __init__: a log makes millions of nodes.
+        self.kind = kind
+        self.name = name
+        self.start = start
+        self.seq = seq
+        self.warnings = ()
         self.clock = clock  # the start line's HH:MM:SS.mmm
         self.parent = parent
         self.children: list[Node] = []  # only when the trees are kept
