@@ -28,9 +28,9 @@ def split(data: bytes) -> tuple[str, list[bytes]]:
     return head.partition(b"(")[2].decode("ascii", "backslashreplace"), tail.split()
 
 
-def fields(path: str) -> list[bytes] | None:
-    """The fields after comm of the stat file at PATH (`/proc/PID/stat`, `/proc/self/task/TID/stat`);
-    None when it cannot be read (the process or thread is gone)."""
+def read(path: str) -> tuple[str, list[bytes]] | None:
+    """The comm and the fields after it of the stat file at PATH (`/proc/PID/stat`,
+    `/proc/PID/task/TID/stat`); None when it cannot be read (the process or thread is gone)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
@@ -42,7 +42,13 @@ def fields(path: str) -> list[bytes] | None:
         return None
     finally:
         os.close(fd)
-    return split(data)[1] if data else None
+    return split(data) if data else None
+
+
+def fields(path: str) -> list[bytes] | None:
+    """The fields after comm of the stat file at PATH; None when it cannot be read."""
+    found = read(path)
+    return found[1] if found is not None else None
 
 
 def cpu_ticks(stat: list[bytes]) -> int:

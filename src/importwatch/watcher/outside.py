@@ -134,10 +134,10 @@ def sample_threads(pid: int, detail: bool = False) -> dict[int, ThreadSample]:
     samples = {}
     for tid in sorted(tids):
         base = f"/proc/{pid}/task/{tid}"
-        data = _read(f"{base}/stat")
-        if not data:
+        found = procstat.read(f"{base}/stat")
+        if found is None:
             continue
-        comm, fields = procstat.split(data)
+        comm, fields = found
         try:
             sample = ThreadSample(tid, comm, fields[procstat.STATE].decode(), procstat.cpu_ticks(fields))
         except (IndexError, ValueError):
@@ -217,11 +217,11 @@ class ProcessStat:
 
 
 def process_stat(pid: int) -> ProcessStat | None:
-    data = _read(f"/proc/{pid}/stat")
-    if not data:
+    found = procstat.read(f"/proc/{pid}/stat")
+    if found is None:
         return None
     try:
-        return ProcessStat(*procstat.split(data))
+        return ProcessStat(*found)
     except (IndexError, ValueError):
         return None
 
