@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
 
 import importwatch
+from importwatch.tools.children import kill_group, last_line
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -35,13 +35,6 @@ def child_env(extra_path: Sequence[str]) -> dict[str, str]:
     if entries:
         env["PYTHONPATH"] = os.pathsep.join(entries)
     return env
-
-
-def _kill_group(process: subprocess.Popen) -> None:
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 class _OutsideLook:
@@ -124,30 +117,18 @@ def run_child(
             except subprocess.TimeoutExpired:
                 pass
             if time.monotonic() - started >= limit:
-                _kill_group(process)
-                process.wait()
+                kill_group(process)
                 status = None
                 break
             watch.sample()
     finally:
         if process.returncode is None:
-            _kill_group(process)
-            process.wait()
+            kill_group(process)
     # Anything the child left behind in its group goes with it.
-    _kill_group(process)
+    kill_group(process)
     return status, time.monotonic() - started, watch.view
 
 
 def last_error_line(path: str) -> str | None:
     """The last line of a traceback on the child's stderr: "RuntimeError: boom"."""
-    try:
-        with open(path, "rb") as file:
-            file.seek(0, os.SEEK_END)
-            file.seek(max(0, file.tell() - 65536))
-            lines = file.read().decode("utf-8", "replace").splitlines()
-    except OSError:
-        return None
-    for line in reversed(lines):
-        if line.strip() and not line.startswith(("[importwatch ", " ", "\t")):
-            return line.strip()
-    return None
+    return last_line(path, skip=("[importwatch ", " ", "\t"))

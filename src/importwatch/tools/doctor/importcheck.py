@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import tempfile
 
 from importwatch.events import parse_line
 from importwatch.facts import cuda
+from importwatch.inflight import InFlight
+from importwatch.signame import signal_name
 from importwatch.tools.doctor.child import last_error_line, run_child
 
 TYPE_CHECKING = False
@@ -18,30 +19,24 @@ if TYPE_CHECKING:
 
     from importwatch.events import Event
     from importwatch.facts.cuda import TorchFacts
+    from importwatch.inflight import Started
 
 # After the stall threshold the traced child reports and exits by itself; this is how long it
 # gets to do so before its process group is killed.
 GRACE = 3.0
 
 
-def _in_flight(events: Sequence[Event]) -> dict[str, list[Event]]:
+def _in_flight(events: Sequence[Event]) -> dict[str, list[Started]]:
     """Per thread, the steps started and not ended (imports, native loads, phases, steps), outermost first."""
-    stacks: dict[str, list[Event]] = {}
-    ends = {"import_end": "import", "native_end": "native", "phase_end": "phase", "step_end": "step"}
+    flying = InFlight()
     for event in events:
-        if event.kind in ("import", "native", "phase", "step"):
-            stacks.setdefault(event.thread, []).append(event)
-        elif event.kind in ends:
-            stack = stacks.get(event.thread, [])
-            for index in range(len(stack) - 1, -1, -1):
-                if stack[index].kind == ends[event.kind] and stack[index].name == event.name:
-                    del stack[index:]
-                    break
-    return {thread: stack for thread, stack in stacks.items() if stack}
+        if flying.follows(event.kind):
+            flying.follow(event, event.thread)
+    return flying.chains()
 
 
-def _frame(event: Event) -> str:
-    return f"dlopen {event.name}" if event.kind == "native" else event.name
+def _frame(step: Started) -> str:
+    return f"dlopen {step.name}" if step.kind == "native" else step.name
 
 
 def _read_events(path: str) -> list[Event]:
@@ -99,20 +94,18 @@ def check_import(
     return result
 
 
-def _hung(events: Sequence[Event], flying: dict[str, list[Event]], stalled: bool, view: str | None) -> dict:
+def _hung(events: Sequence[Event], flying: dict[str, list[Started]], stalled: bool, view: str | None) -> dict:
     """A hung import's fields: the chain in flight, its library, the other threads, the outside view."""
     stack = flying.get("MainThread") or next(iter(flying.values()), [])
-    natives = [event.name for event in stack if event.kind == "native"]
+    natives = [step.name for step in stack if step.kind == "native"]
     told = [e.text.strip()[len("outside: ") :] for e in events if e.text.strip().startswith("outside: ")]
     return {
         "status": "hung",
         "stalled": stalled,
-        "chain": [_frame(event) for event in stack],
+        "chain": [_frame(step) for step in stack],
         "library": natives[-1] if natives else None,
         "other_threads": {
-            thread: [_frame(event) for event in frames]
-            for thread, frames in flying.items()
-            if frames is not stack
+            thread: [_frame(step) for step in steps] for thread, steps in flying.items() if steps is not stack
         },
         "outside": view or (told[0] if told else None),
     }
@@ -121,22 +114,18 @@ def _hung(events: Sequence[Event], flying: dict[str, list[Event]], stalled: bool
 def _failed(
     status: int,
     events: Sequence[Event],
-    flying: dict[str, list[Event]],
+    flying: dict[str, list[Started]],
     error: str | None,
     torch: TorchFacts | None,
 ) -> dict:
     """A failed import's fields: ERROR (its own, or the child's last stderr line) or how it died, and the likely cause."""
     result: dict = {"status": "failed"}
     if status < 0:
-        try:
-            name = signal.Signals(-status).name
-        except ValueError:
-            name = f"signal {-status}"
-        error = f"the interpreter was killed by {name}"
+        error = f"the interpreter was killed by {signal_name(-status)}"
         stack = flying.get("MainThread") or []
         if stack:
-            error += " during " + " > ".join(_frame(event) for event in stack)
-            natives = [event.name for event in stack if event.kind == "native"]
+            error += " during " + " > ".join(_frame(step) for step in stack)
+            natives = [step.name for step in stack if step.kind == "native"]
             result["library"] = natives[-1] if natives else None
     result["error"] = error or f"the interpreter exited with status {status}"
     failed_loads = [e for e in events if e.kind == "native_end" and e.error]

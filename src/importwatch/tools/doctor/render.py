@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from importwatch.facts import cuda
-from importwatch.tools.doctor.rules import GIB, scan_short
+from importwatch.tools.doctor.rules import GIB
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -73,7 +73,7 @@ def _scan(found: dict) -> list[str]:
         need = f"CUDA {lib['cuda_major']}" if lib["cuda_major"] is not None else "CUDA"
         torch_links = ", ".join(lib["torch_links"]) or "no torch library"
         lines.append(
-            f"  {scan_short(lib['path'])}: needs {need} ({', '.join(lib['cuda'])}); links {torch_links}"
+            f"  {cuda.short_path(lib['path'])}: needs {need} ({', '.join(lib['cuda'])}); links {torch_links}"
         )
     for mismatch in found["mismatches"]:
         lines.append(f"  MISMATCH {mismatch['text']}")

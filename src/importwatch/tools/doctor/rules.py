@@ -16,11 +16,6 @@ LOW_MEMORY = 0.1
 GIB = 1 << 30
 
 
-def scan_short(path: str) -> str:
-    """The last two components of PATH, as the verdicts name files."""
-    return "/".join(path.rstrip("/").split("/")[-2:])
-
-
 def _problem(problems: list[dict], text: str, fix: str) -> None:
     problems.append({"problem": text, "fix": fix})
 
@@ -138,14 +133,14 @@ def _architecture_problems(problems: list[dict], architectures: Sequence[dict]) 
         if arch["runs"] == "jit":
             _problem(
                 problems,
-                f"{scan_short(arch['path'])} carries no code for {arch['gpu']} ({carried}): each kernel is "
+                f"{cuda.short_path(arch['path'])} carries no code for {arch['gpu']} ({carried}): each kernel is "
                 "compiled from PTX on first use, which can take minutes",
                 f"rebuild it with {arch['gpu']} in its architectures (TORCH_CUDA_ARCH_LIST)",
             )
         else:
             _problem(
                 problems,
-                f"{scan_short(arch['path'])} carries no code that runs on {arch['gpu']} ({carried}): its "
+                f"{cuda.short_path(arch['path'])} carries no code that runs on {arch['gpu']} ({carried}): its "
                 "kernels fail with 'no kernel image is available for execution on the device'",
                 f"rebuild it with {arch['gpu']} in its architectures (TORCH_CUDA_ARCH_LIST)",
             )
