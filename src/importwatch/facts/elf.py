@@ -117,25 +117,10 @@ def _read(fd: int) -> DynamicInfo | None:
     # struct would do, but _struct is an extension module, and nothing here may load one.
     order = "little" if head[5] == 1 else "big"
     wide = head[4] == 2
-    # Offsets of the fields used, in ELF64 and ELF32: e_phoff, e_shoff, e_phentsize, e_phnum, e_shentsize.
     word = 8 if wide else 4
-    phoff = _number(head, 32 if wide else 28, word, order)
-    shoff = _number(head, 40 if wide else 32, word, order)
-    phentsize, phnum, shentsize = (_number(head, (54 if wide else 42) + 2 * i, 2, order) for i in range(3))
-    if phnum == _PN_XNUM:
-        # sh_info of section header 0: offset 44 in ELF64, 28 in ELF32.
-        phnum = _number(_pread(fd, shentsize, shoff), 44 if wide else 28, 4, order)
-    if phnum == 0:
+    table, phentsize = _program_headers(fd, head, wide, order)
+    if not table:
         return None
-    if phentsize < (56 if wide else 32) or phentsize % word:
-        raise _Corrupt
-    table_size = phentsize * phnum
-    if table_size > _MAX_DYNAMIC:
-        raise _Corrupt  # os.pread would first allocate whatever size a damaged header asks for
-    if phoff + table_size <= len(head):
-        table = head[phoff : phoff + table_size]
-    else:
-        table = _pread(fd, table_size, phoff)
 
     # As words: p_type (with p_flags in ELF64), p_offset, p_vaddr, p_paddr, p_filesz, in both classes.
     # Whole columns are sliced out at once: a loop over entries costs more, in the hot path of a load.
@@ -146,17 +131,7 @@ def _read(fd: int) -> DynamicInfo | None:
     if _PT_DYNAMIC not in types:
         return DynamicInfo()  # statically linked: it asks nothing of the dynamic linker
     first = types.index(_PT_DYNAMIC) * stride
-    offset, size = fields[first + 1], fields[first + 4]
-    if size > _MAX_DYNAMIC or size < 2 * word:
-        raise _Corrupt
-    words = _words(_pread(fd, size - size % (2 * word), offset), word, order)
-
-    # (d_tag, d_val) pairs up to DT_NULL, which ends every dynamic section.
-    tags, values = words[0::2], words[1::2]
-    if _DT_NULL not in tags:
-        raise _Corrupt
-    end = tags.index(_DT_NULL)
-    del tags[end:], values[end:]
+    tags, values = _dynamic_entries(fd, fields[first + 1], fields[first + 4], word, order)
     needed = [value for tag, value in zip(tags, values) if tag == _DT_NEEDED]
     last = dict(zip(tags, values))  # the tags read once each; the last one counts, as for the linker
     soname, rpath, runpath = last.get(_DT_SONAME), last.get(_DT_RPATH), last.get(_DT_RUNPATH)
@@ -166,22 +141,58 @@ def _read(fd: int) -> DynamicInfo | None:
         return DynamicInfo()
     if strtab is None or strsz is None:
         raise _Corrupt
-    # DT_STRTAB is an address in memory; the PT_LOAD segment holding it says where that is in the file.
-    base = None
-    for entry in range(0, len(fields), stride):
-        vaddr, filesz = fields[entry + 2], fields[entry + 4]
-        if types[entry // stride] == _PT_LOAD and vaddr <= strtab < vaddr + filesz:
-            base = strtab - vaddr + fields[entry + 1]
-            break
-    if base is None:
-        raise _Corrupt
-    strings = _Strings(fd, base, strsz, wanted)
+    strings = _Strings(fd, _file_offset(fields, stride, types, strtab), strsz, wanted)
     return DynamicInfo(
         tuple(strings.get(value) for value in needed),
         strings.get(rpath) if rpath is not None else None,
         strings.get(runpath) if runpath is not None else None,
         strings.get(soname) if soname is not None else None,
     )
+
+
+def _program_headers(fd: int, head: bytes, wide: bool, order: str) -> tuple[bytes, int]:
+    """The program header table (empty when there is none) and the size of its entries, from HEAD."""
+    # Offsets of the fields used, in ELF64 and ELF32: e_phoff, e_shoff, e_phentsize, e_phnum, e_shentsize.
+    word = 8 if wide else 4
+    phoff = _number(head, 32 if wide else 28, word, order)
+    shoff = _number(head, 40 if wide else 32, word, order)
+    phentsize, phnum, shentsize = (_number(head, (54 if wide else 42) + 2 * i, 2, order) for i in range(3))
+    if phnum == _PN_XNUM:
+        # sh_info of section header 0: offset 44 in ELF64, 28 in ELF32.
+        phnum = _number(_pread(fd, shentsize, shoff), 44 if wide else 28, 4, order)
+    if phnum == 0:
+        return b"", phentsize
+    if phentsize < (56 if wide else 32) or phentsize % word:
+        raise _Corrupt
+    table_size = phentsize * phnum
+    if table_size > _MAX_DYNAMIC:
+        raise _Corrupt  # os.pread would first allocate whatever size a damaged header asks for
+    if phoff + table_size <= len(head):
+        return head[phoff : phoff + table_size], phentsize
+    return _pread(fd, table_size, phoff), phentsize
+
+
+def _dynamic_entries(fd: int, offset: int, size: int, word: int, order: str) -> tuple[list[int], list[int]]:
+    """The dynamic segment at OFFSET as its (d_tag, d_val) pairs, in two lists, up to DT_NULL."""
+    if size > _MAX_DYNAMIC or size < 2 * word:
+        raise _Corrupt
+    words = _words(_pread(fd, size - size % (2 * word), offset), word, order)
+    # DT_NULL ends every dynamic section.
+    tags, values = words[0::2], words[1::2]
+    if _DT_NULL not in tags:
+        raise _Corrupt
+    end = tags.index(_DT_NULL)
+    del tags[end:], values[end:]
+    return tags, values
+
+
+def _file_offset(fields: list[int], stride: int, types: list[int], address: int) -> int:
+    """Where ADDRESS (DT_STRTAB's, an address in memory) lies in the file: the PT_LOAD segment holding it says."""
+    for entry in range(0, len(fields), stride):
+        vaddr, filesz = fields[entry + 2], fields[entry + 4]
+        if types[entry // stride] == _PT_LOAD and vaddr <= address < vaddr + filesz:
+            return address - vaddr + fields[entry + 1]
+    raise _Corrupt
 
 
 class _Strings:
