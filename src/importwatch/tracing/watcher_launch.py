@@ -50,13 +50,9 @@ _BOOT = "import sys; sys.path.insert(0, sys.argv.pop(1)); from importwatch.watch
 def launch(sink: Sink, timeout: float, log: str | None, exit_on_stall: bool = False) -> str | None:
     """Start the watcher for this process and connect SINK's feed to it; returns why not, or None."""
     executable = sys.executable and os.path.abspath(sys.executable)  # it runs from /
-    if not executable:
-        return "no python executable to run it with"
-    threading = sys.modules.get("threading")
-    if threading is not None and threading.active_count() > 1:
-        return "the program already runs threads, and forking now could deadlock"
-    if os.getpid() == 1:
-        return "this process is PID 1, so the watcher would be its child (its os.wait() would see it)"
+    refused = _refused(executable)
+    if refused:
+        return refused
     read_fd, write_fd = _pipe()
     pid = os.getpid()
     start = _start_time(pid)
@@ -71,46 +67,10 @@ def launch(sink: Sink, timeout: float, log: str | None, exit_on_stall: bool = Fa
         argv.append("--exit-on-stall")
     if sink.stderr_mode != "all":
         argv += ["--stderr", sink.stderr_mode]
-    # Without IMPORTWATCH* the watcher never traces itself; -I drops the other PYTHON* variables.
-    env = {key: value for key, value in os.environ.items() if not key.startswith("IMPORTWATCH")}
     stderr = sink.stderr.fd  # the pytest plugin writes to a copy of stderr taken before capture
-    # The watcher-to-be waits for a go on GO, and the intermediate child tells its pid on INFO.
+    # The watcher-to-be waits for a go on GO.
     go_read, go_write = os.pipe()
-    info_read, info_write = os.pipe()
-    child = os.fork()
-    if child == 0:  # pragma: no cover  (the intermediate child: fork again and leave at once)
-        code = 1
-        try:
-            watcher = os.fork()
-            if watcher == 0:
-                os.close(go_write)  # so that the parent's close is the end of the pipe
-                if os.read(go_read, 1) != b"1":
-                    os._exit(0)
-                # The watcher-to-be: its own session, no terminal, stdin and stdout on /dev/null,
-                # and a working directory where nobody else can put a program or module.
-                os.setsid()
-                os.chdir("/")
-                for fd, mode in ((0, os.O_RDONLY), (1, os.O_WRONLY)):
-                    null = os.open(os.devnull, mode)
-                    if null != fd:
-                        os.dup2(null, fd)
-                        os.close(null)
-                if stderr != 2:
-                    os.dup2(stderr, 2)
-                os.set_inheritable(read_fd, True)
-                if log_fd is not None:
-                    os.set_inheritable(log_fd, True)
-                os.execve(executable, argv, env)
-            os.write(info_write, str(watcher).encode("ascii"))
-            code = 0
-        finally:
-            os._exit(code)
-    os.close(go_read)
-    os.close(info_write)
-    _, status = os.waitpid(child, 0)
-    told = os.read(info_read, 32)
-    os.close(info_read)
-    watcher = int(told) if status == 0 and told.isdigit() else 0
+    watcher = _double_fork(executable, argv, stderr, (go_read, go_write), (read_fd, log_fd))
     # Orphaned by the intermediate child, the watcher goes to the nearest child subreaper: if that
     # is this process (PR_SET_CHILD_SUBREAPER survives exec), it is our child and must not run.
     adopted = watcher > 0 and _is_child(watcher)
@@ -127,6 +87,78 @@ def launch(sink: Sink, timeout: float, log: str | None, exit_on_stall: bool = Fa
     os.close(go_write)
     sink.attach_feed(write_fd, read_fd)
     return None
+
+
+def _refused(executable: str) -> str | None:
+    """Why no watcher may be started from this process, or None."""
+    if not executable:
+        return "no python executable to run it with"
+    threading = sys.modules.get("threading")
+    if threading is not None and threading.active_count() > 1:
+        return "the program already runs threads, and forking now could deadlock"
+    if os.getpid() == 1:
+        return "this process is PID 1, so the watcher would be its child (its os.wait() would see it)"
+    return None
+
+
+def _double_fork(
+    executable: str, argv: list[str], stderr: int, go: tuple[int, int], inherited: tuple[int, int | None]
+) -> int:
+    """Fork a child that forks the watcher-to-be (waiting on GO's read end) and leaves at once.
+
+    Returns the watcher-to-be's pid, or 0 when it could not be spawned. GO's read end is closed here.
+    """
+    # Without IMPORTWATCH* the watcher never traces itself; -I drops the other PYTHON* variables.
+    env = {key: value for key, value in os.environ.items() if not key.startswith("IMPORTWATCH")}
+    # The intermediate child tells the watcher's pid on INFO.
+    info_read, info_write = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover  (the intermediate child: fork again and leave at once)
+        code = 1
+        try:
+            watcher = os.fork()
+            if watcher == 0:
+                _exec_watcher(executable, argv, env, stderr, go, inherited)
+            os.write(info_write, str(watcher).encode("ascii"))
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(go[0])
+    os.close(info_write)
+    _, status = os.waitpid(child, 0)
+    told = os.read(info_read, 32)
+    os.close(info_read)
+    return int(told) if status == 0 and told.isdigit() else 0
+
+
+def _exec_watcher(
+    executable: str,
+    argv: list[str],
+    env: dict[str, str],
+    stderr: int,
+    go: tuple[int, int],
+    inherited: tuple[int, int | None],
+) -> None:  # pragma: no cover  (the watcher-to-be, forked: it execs or leaves)
+    """Wait for the go, then become the watcher: its own session, no terminal, stdin and stdout on
+    /dev/null, STDERR on 2, the INHERITED descriptors kept, and a working directory where nobody else
+    can put a program or module."""
+    go_read, go_write = go
+    os.close(go_write)  # so that the parent's close is the end of the pipe
+    if os.read(go_read, 1) != b"1":
+        os._exit(0)
+    os.setsid()
+    os.chdir("/")
+    for fd, mode in ((0, os.O_RDONLY), (1, os.O_WRONLY)):
+        null = os.open(os.devnull, mode)
+        if null != fd:
+            os.dup2(null, fd)
+            os.close(null)
+    if stderr != 2:
+        os.dup2(stderr, 2)
+    for fd in inherited:
+        if fd is not None:
+            os.set_inheritable(fd, True)
+    os.execve(executable, argv, env)
 
 
 def _is_child(pid: int) -> bool:
