@@ -182,6 +182,10 @@ class Tracer:
         self._saved = None
 
     # -- the hot path ------------------------------------------------------------
+    # One piece on purpose: _find_and_load runs for every import, on a budget of a few microseconds.
+    # What it uses is bound here once, as cells of the closure (cheaper than attribute or global
+    # lookups), and its stack bookkeeping stays inline: each helper call would add its cost to every
+    # import, and the try/finally must see the push, the pop and both end lines together.
     def _make_find_and_load(self, original: Callable) -> Callable:
         stacks = self.stacks
         sink = self.sink
