@@ -121,12 +121,7 @@ class Doors:
         """FUNCTION(*ARGS) as the event FRAME: its start line, then its end line however it ends."""
         tracer = self.tracer
         sink = tracer.sink
-        ident = _thread.get_ident()
-        stack = tracer.stacks.get(ident)
-        fresh = stack is None
-        if fresh:
-            stack = tracer.stacks[ident] = []
-            tracer.native_ids[ident] = _thread.get_native_id()
+        stack, fresh = tracer.thread_stack()
         parent = stack[-1].name if stack else None
         indent = "  " * len(stack)
         shown = escape(frame.name)

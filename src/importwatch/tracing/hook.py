@@ -260,12 +260,7 @@ class Tracer:
 
         TIMEOUT is the step's own stall threshold, counted from its start (None: the watchdog's).
         """
-        ident = _thread.get_ident()
-        stack = self.stacks.get(ident)
-        fresh = stack is None
-        if fresh:
-            stack = self.stacks[ident] = []
-            self.native_ids[ident] = _thread.get_native_id()
+        stack, fresh = self.thread_stack()
         frame = TracedStep(name, time.monotonic(), kind)
         frame.timeout = timeout
         stack.append(frame)
@@ -274,6 +269,19 @@ class Tracer:
         if kind == "native" and self.on_gil_held is not None:
             self.on_gil_held(frame)
         return frame, len(stack) - 1
+
+    def thread_stack(self) -> tuple[list[TracedStep], bool]:
+        """This thread's chain in flight, made when it has none; and whether it was made just now.
+
+        _find_and_load does the same inline: it is the per-import hot path.
+        """
+        ident = _thread.get_ident()
+        stack = self.stacks.get(ident)
+        if stack is not None:
+            return stack, False
+        stack = self.stacks[ident] = []
+        self.native_ids[ident] = _thread.get_native_id()  # for the watchdog's look at its CPU time
+        return stack, True
 
     def pop(self, frame: TracedStep) -> float:
         """End a step put in flight by push(); returns the time it ended."""
