@@ -486,3 +486,20 @@ def test_a_process_another_debugger_holds_is_read_without_attaching(spawn, tmp_p
     finally:
         other.kill()
         other.wait(timeout=30)
+
+
+def test_a_helper_that_reads_nothing_or_cannot_run_is_named_with_its_reason(spawn, tmp_path: Path) -> None:
+    process = spawn("-c", "import time\nprint('up', flush=True)\ntime.sleep(600)")
+    assert process.stdout is not None and process.stdout.readline() == b"up\n"
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    # A py-spy that answers with an error and no stacks, and a pystack the system cannot run.
+    (folder / "py-spy").write_text(
+        "#!/bin/sh\necho 'Error: no permission to read this process' >&2\nexit 1\n"
+    )
+    (folder / "pystack").write_bytes(b"\x7fELF not a real program\n")
+    for helper in ("py-spy", "pystack"):
+        (folder / helper).chmod(0o755)
+    report = json.loads(inspect(process.pid, "--json", path=str(folder)).stdout)
+    assert "py-spy read no Python frames: Error: no permission to read this process" in report["unseen"]
+    assert any(text.startswith("pystack failed: [Errno 8] ") for text in report["unseen"]), report["unseen"]

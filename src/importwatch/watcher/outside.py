@@ -638,21 +638,36 @@ def read_stacks(pid: int, timeout: float = 10.0) -> Stacks | str:
         if path is None:
             continue
         began = time.monotonic()
-        try:
-            done = subprocess.run(
-                [path, *command],
-                stdin=subprocess.DEVNULL,
-                capture_output=True,
-                timeout=timeout,
-                text=True,
-                errors="replace",
-            )
-        except (OSError, subprocess.TimeoutExpired) as error:
-            return f"{tool} failed: {error}"
-        if not done.stdout.strip():
-            return f"{tool} showed nothing: {(done.stderr.strip().splitlines() or ['?'])[-1]}"
-        return Stacks(tool, [(None, "", done.stdout.splitlines())], time.monotonic() - began)
+        done = run_helper(tool, [path, *command], timeout)
+        if isinstance(done, str):
+            return done
+        out, err = done
+        if not out.strip():
+            return f"{tool} showed nothing: {last_line(err)}"
+        return Stacks(tool, [(None, "", out.splitlines())], time.monotonic() - began)
     return "no native stacks: install gdb, py-spy or pystack to see them"
+
+
+def run_helper(tool: str, command: list[str], timeout: float) -> tuple[str, str] | str:
+    """The stdout and stderr of TOOL (a stack reader) run as COMMAND, within TIMEOUT seconds; or why
+    it failed."""
+    try:
+        done = subprocess.run(
+            command,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=timeout,
+            text=True,
+            errors="replace",
+        )
+    except (OSError, subprocess.SubprocessError) as error:
+        return f"{tool} failed: {error}"
+    return done.stdout, done.stderr
+
+
+def last_line(text: str, default: str = "?") -> str:
+    """The last line of TEXT (what a helper said last, often its reason), or DEFAULT."""
+    return (text.strip().splitlines() or [default])[-1]
 
 
 def _gdb_stacks(path: str, pid: int, timeout: float) -> Stacks | str:
@@ -683,14 +698,13 @@ def _gdb_stacks(path: str, pid: int, timeout: float) -> Stacks | str:
             data = os.read(gdb.stdout.fileno(), 1 << 16)
             if not data:
                 _end_gdb(gdb, b"")
-                last = output.decode("utf-8", "replace").strip().splitlines() or ["?"]
-                return f"gdb showed nothing: {last[-1]}"
+                return f"gdb showed nothing: {last_line(output.decode('utf-8', 'replace'))}"
             output += data
     text = output.decode("utf-8", "replace").split(_GDB_END + "\n")[0]
     threads = gdb_threads(text)
     if not threads:
         _end_gdb(gdb, b"detach\nquit\n")
-        return f"gdb showed nothing: {(text.strip().splitlines() or ['?'])[-1]}"
+        return f"gdb showed nothing: {last_line(text)}"
     return Stacks("gdb", threads, time.monotonic() - began, gdb)
 
 

@@ -12,13 +12,12 @@ that another debugger holds; there py-spy --nonblocking or pystack --no-block re
 from __future__ import annotations
 
 import os
-import subprocess
 
 from importwatch.watcher import outside
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
 HELPER_TIMEOUT = 60.0
 BOOTSTRAP = ("<frozen importlib._bootstrap>", "<frozen importlib._bootstrap_external>")
@@ -124,16 +123,23 @@ def read_stacks(pid: int, native: bool, version: str | None) -> Stacks:
     return stacks
 
 
-def _helper(command: list[str]) -> tuple[str, str]:
-    done = subprocess.run(
-        command,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        timeout=HELPER_TIMEOUT,
-        text=True,
-        errors="replace",
-    )
-    return done.stdout, done.stderr
+def _helper(stacks: Stacks, name: str, command: list[str]) -> tuple[str, str] | None:
+    """The stdout and stderr of the helper NAME run as COMMAND; None, said in STACKS, when it failed."""
+    done = outside.run_helper(name, command, HELPER_TIMEOUT)
+    if isinstance(done, str):
+        stacks.unseen.append(done)
+        return None
+    return done
+
+
+def _take_python(stacks: Stacks, name: str, parse: Callable[[str, Stacks], None], out: str, err: str) -> None:
+    """The Python stacks the helper NAME printed on OUT, parsed into STACKS; or why there are none."""
+    parse(out, stacks)
+    if not any(stacks.python.values()):
+        stacks.python = {}
+        stacks.unseen.append(f"{name} read no Python frames: {outside.last_line(err)}")
+        return
+    stacks.read_with(name)
 
 
 # -- gdb ---------------------------------------------------------------------------------------------
@@ -143,16 +149,15 @@ def _gdb(stacks: Stacks, gdb: str, pid: int, native: bool, version: str | None, 
         command += ["-ex", "thread apply all bt"]
     if python:
         command += ["-x", GDB_SCRIPT]  # -ex and -x run in the order given
-    try:
-        out, err = _helper(command)
-    except (OSError, subprocess.SubprocessError) as error:
-        stacks.unseen.append(f"gdb failed: {error}")
+    done = _helper(stacks, "gdb", command)
+    if done is None:
         return
+    out, err = done
     stacks.read_with("gdb")
     status = parse_gdb(out, stacks)
     if python and (not status.startswith("ok") or not any(stacks.python.values())):
         stacks.python = {}
-        why = status.partition(" ")[2] or (err.strip().splitlines() or ["no output"])[-1]
+        why = status.partition(" ")[2] or outside.last_line(err, "no output")
         minor = ".".join((version or "").split(".")[:2])
         stacks.unseen.append(
             f"gdb could not read Python's frames ({why.strip()[:160]}): it reads them through the "
@@ -160,7 +165,7 @@ def _gdb(stacks: Stacks, gdb: str, pid: int, native: bool, version: str | None, 
             "py-spy needs none (pip install py-spy)"
         )
     if native and not stacks.native:
-        stacks.unseen.append(f"gdb showed no native stacks: {(err.strip().splitlines() or ['?'])[-1]}")
+        stacks.unseen.append(f"gdb showed no native stacks: {outside.last_line(err)}")
 
 
 def parse_gdb(out: str, stacks: Stacks) -> str:
@@ -195,19 +200,12 @@ def _pyspy(stacks: Stacks, pyspy: str, pid: int, native: bool, may_stop: bool) -
     # unless it must not be touched (MAY_STOP false: stopped, or held by another debugger).
     tries = [["--native"]] if native else [["--nonblocking"], []] if may_stop else [["--nonblocking"]]
     for extra in tries:
-        try:
-            out, err = _helper([pyspy, "dump", "--pid", str(pid), "--locals", *extra])
-        except (OSError, subprocess.SubprocessError) as error:
-            stacks.unseen.append(f"py-spy failed: {error}")
+        done = _helper(stacks, "py-spy", [pyspy, "dump", "--pid", str(pid), "--locals", *extra])
+        if done is None:
             return
-        if "\n    " in out:  # a frame line
+        if "\n    " in done[0]:  # a frame line
             break
-    parse_pyspy(out, stacks)
-    if not any(stacks.python.values()):
-        stacks.python = {}
-        stacks.unseen.append(f"py-spy read no Python frames: {(err.strip().splitlines() or ['?'])[-1]}")
-        return
-    stacks.read_with("py-spy")
+    _take_python(stacks, "py-spy", parse_pyspy, *done)
 
 
 def parse_pyspy(out: str, stacks: Stacks) -> None:
@@ -252,17 +250,9 @@ def _pystack(stacks: Stacks, pystack: str, pid: int, native: bool) -> None:
     # while it holds the process stopped, so those are asked for only where it may be stopped.
     command = [pystack, "remote", str(pid), "--locals", "--no-color"]
     command.append("--native" if native else "--no-block")
-    try:
-        out, err = _helper(command)
-    except (OSError, subprocess.SubprocessError) as error:
-        stacks.unseen.append(f"pystack failed: {error}")
-        return
-    parse_pystack(out, stacks)
-    if not any(stacks.python.values()):
-        stacks.python = {}
-        stacks.unseen.append(f"pystack read no Python frames: {(err.strip().splitlines() or ['?'])[-1]}")
-        return
-    stacks.read_with("pystack")
+    done = _helper(stacks, "pystack", command)
+    if done is not None:
+        _take_python(stacks, "pystack", parse_pystack, *done)
 
 
 def parse_pystack(out: str, stacks: Stacks) -> None:
