@@ -444,11 +444,12 @@ def file_age(path: str) -> float | None:
         return None
 
 
-def format_age(seconds: float) -> str:
+def format_age(seconds: float, digits: int = 0) -> str:
+    """SECONDS as a person reads an age: s, min, h or days; DIGITS after the point below an hour."""
     if seconds < 120:
-        return f"{seconds:.0f} s"
+        return f"{seconds:.{digits}f} s"
     if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
+        return f"{seconds / 60:.{digits}f} min"
     if seconds < 172800:
         return f"{seconds / 3600:.1f} h"
     return f"{seconds / 86400:.1f} days"

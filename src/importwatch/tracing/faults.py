@@ -35,12 +35,8 @@ class _Request:
     __slots__ = ("deadline", "exit", "file", "ours", "period", "repeat")
 
     def __init__(self, deadline: float, period: float, repeat: bool, file: object, exit: bool, ours: bool):
-        self.deadline = deadline
-        self.period = period
-        self.repeat = repeat
-        self.file = file
-        self.exit = exit
-        self.ours = ours
+        self.deadline, self.period, self.repeat = deadline, period, repeat
+        self.file, self.exit, self.ours = file, exit, ours
 
 
 def _bind(timeout: float, repeat: bool = False, file: object = None, exit: bool = False):

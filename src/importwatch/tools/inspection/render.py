@@ -7,6 +7,7 @@ import shlex
 import time
 
 from importwatch.tools.inspection.stacks import described_in_importlib
+from importwatch.tracing.blocking import format_age
 from importwatch.tracing.sink import escape
 from importwatch.watcher import outside
 
@@ -54,9 +55,9 @@ def _process(report: dict) -> list[str]:
     lines.append(f"python      {report['python'] or '?'} ({report['interpreter'] or report['exe']})")
     if report["started"] is not None:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(report["started"]))
-        lines.append(f"started     {stamp} ({_ago(max(0.0, time.time() - report['started']))} ago)")
+        lines.append(f"started     {stamp} ({format_age(max(0.0, time.time() - report['started']), 1)} ago)")
     if report["idle"] is not None:
-        lines.append(f"last CPU    {_ago(report['idle'])} ago (its most recent thread)")
+        lines.append(f"last CPU    {format_age(report['idle'], 1)} ago (its most recent thread)")
     torch = report["torch"]
     lines.append(
         f"torch       {torch['version'] or '?'} ({torch['build']}) at {torch['path']}"
@@ -74,7 +75,7 @@ def _thread(thread: dict) -> list[str]:
     if thread["cpu"] is not None:
         state += f", {thread['cpu'] * 100:.0f}% CPU"
     if thread["last_ran"] is not None:
-        state += f", last ran {_ago(thread['last_ran'])} ago"
+        state += f", last ran {format_age(thread['last_ran'], 1)} ago"
     body = f"  {thread['name']} (tid {thread['tid']}): {thread['verdict']} ({state})"
     lines = [body + (f"; {thread['waits_on']}" if thread["waits_on"] else "")]
     if thread["chain"]:
@@ -93,14 +94,6 @@ def _thread(thread: dict) -> list[str]:
     if thread["native"] and (thread["chain"] or load):
         lines.append(f"    native, innermost first: {' < '.join(thread['native'][:5])}")
     return lines
-
-
-def _ago(seconds: float) -> str:
-    if seconds < 120:
-        return f"{seconds:.1f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.1f} min"
-    return f"{seconds / 3600:.1f} h"
 
 
 def _python_path(frames: Sequence[str]) -> str:

@@ -17,7 +17,7 @@ from importwatch.watcher import outside
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable, Iterator, Sequence
 
 HELPER_TIMEOUT = 60.0
 BOOTSTRAP = ("<frozen importlib._bootstrap>", "<frozen importlib._bootstrap_external>")
@@ -208,25 +208,37 @@ def _pyspy(stacks: Stacks, pyspy: str, pid: int, native: bool, may_stop: bool) -
     _take_python(stacks, "py-spy", parse_pyspy, *done)
 
 
+def _thread_lines(out: str, header: str, word: int, base: int) -> Iterator[tuple[int, str, str, bool]]:
+    """A stack reader's OUT as (thread, line, stripped line, whether it is the thread's header).
+
+    A thread's lines follow a line starting with HEADER whose WORDth word is the thread's number (in
+    BASE; 0: as Python reads it). Blank lines, and lines under no header or one without a number, are
+    left out.
+    """
+    thread = None
+    for line in out.splitlines():
+        stripped = line.strip()
+        if line.startswith(header):
+            try:
+                thread = int(line.split()[word], base)
+            except (IndexError, ValueError):
+                thread = None
+                continue
+            yield thread, line, stripped, True
+        elif thread is not None and stripped:
+            yield thread, line, stripped, False
+
+
 def parse_pyspy(out: str, stacks: Stacks) -> None:
     """`py-spy dump --locals` into STACKS: thread names, Python frames with importlib's module name,
     native frames (with --native) as 'function from library'."""
-    thread = None
     frames: list[StackFrame] = []
     section = ""
-    for line in out.splitlines():
-        stripped = line.strip()
-        if line.startswith("Thread "):
-            try:
-                thread = int(line.split()[1], 0)
-            except ValueError:
-                thread = None
-                continue
+    for thread, line, stripped, header in _thread_lines(out, "Thread ", 1, 0):
+        if header:
             if ': "' in line:
                 stacks.names[thread] = line.rsplit(': "', 1)[1].rstrip('"')
             frames = stacks.python.setdefault(thread, [])
-        elif thread is None or not stripped:
-            continue
         elif line.startswith("    ") and not line.startswith("        "):
             function, _, where = stripped.rpartition(" (")
             where = where.rstrip(")")
@@ -262,21 +274,12 @@ def parse_pystack(out: str, stacks: Stacks) -> None:
     pystack prints each thread's frames outermost first (most recent call last); its name in
     parentheses is the OS thread's, which /proc gives too, so it is not kept as the Python name.
     """
-    thread = None
     frames: list[StackFrame] = []
     native: list[str] = []
     section = ""
-    for line in out.splitlines():
-        stripped = line.strip()
-        if line.startswith("Traceback for thread "):
-            try:
-                thread = int(line.split()[3])
-            except (IndexError, ValueError):
-                thread = None
-                continue
+    for thread, _line, stripped, header in _thread_lines(out, "Traceback for thread ", 3, 10):
+        if header:
             frames, native = stacks.python.setdefault(thread, []), stacks.native.setdefault(thread, [])
-        elif thread is None or not stripped:
-            continue
         elif stripped.startswith(("(Python) File ", "(C) File ")):
             kind, _, rest = stripped.partition(" File ")
             filename, _, rest = rest.partition('", line ')
