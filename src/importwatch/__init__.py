@@ -18,14 +18,8 @@ def install(timeout: float | None = None, log: str | None = None, exit_on_stall:
     from importwatch import config
     from importwatch.tracing import session
 
-    settings, warnings = config.from_env()
-    settings = config.Settings(
-        timeout=settings.timeout if timeout is None else timeout,
-        log=settings.log if log is None else log,
-        exit_on_stall=exit_on_stall or settings.exit_on_stall,
-        stderr=settings.stderr,
-    )
-    session.activate(settings, warnings)
+    given = {"timeout": timeout, "log": log, "exit_on_stall": exit_on_stall or None}
+    session.activate(*config.merge(given))
 
 
 def uninstall() -> None:

@@ -6,7 +6,7 @@ import os
 import sys
 
 from importwatch import __version__, config
-from importwatch.usage import UsageError, fail, target_at, value_of
+from importwatch.usage import UsageError, fail, options_then_target
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -95,44 +95,29 @@ def prepare(argv: list[str] | None = None) -> int | Launch:
 
 def parse(args: list[str]) -> tuple[dict | None, Target | None]:
     """Options up to the target; the target and everything after it untouched."""
-    options: dict = {}
-    index = 0
-    while index < len(args):
-        arg = args[index]
-        name = arg.partition("=")[0] if arg.startswith("--") else arg
-        if arg in ("-h", "--help"):
-            sys.stdout.write(USAGE)
-            return None, None
-        if arg == "--version":
-            sys.stdout.write(f"importwatch {__version__}\n")
-            return None, None
-        if name in ("--timeout", "--log", "--stderr"):
-            value, index = value_of(args, index)
-            if name == "--timeout":
-                options["timeout"] = _checked(config.parse_timeout, value, "--timeout")
-            elif name == "--stderr":
-                options["stderr"] = _checked(config.parse_stderr, value, "--stderr")
-            else:
-                if not value:
-                    raise UsageError("--log needs a path")
-                options["log"] = value
-        elif arg == "--exit-on-stall":
-            options["exit_on_stall"] = True
-        elif arg in ("--watcher", "--no-watcher"):
-            options["watcher"] = arg == "--watcher"
-        elif arg == "--dump-on-sigusr1":
-            options["dump_on_sigusr1"] = True
-        else:
-            return options, target_at(args, index, "importwatch", stdin=True)
-        index += 1
-    return options, target_at(args, index, "importwatch", stdin=True)
+    texts = {"-h": USAGE, "--help": USAGE, "--version": f"importwatch {__version__}\n"}
+    parsed = options_then_target(args, "importwatch", texts, _VALUES, _FLAGS, stdin=True)
+    return (None, None) if parsed is None else parsed
 
 
-def _checked(parser, value: str, source: str):
-    try:
-        return parser(value, source)
-    except config.ConfigError as error:
-        raise UsageError(str(error)) from None
+def _log_path(text: str, source: str) -> str:
+    if not text:
+        raise UsageError(f"{source} needs a path")
+    return text
+
+
+# The options, by the Settings field each sets (see config.merge).
+_VALUES = {
+    "--timeout": ("timeout", config.parse_timeout),
+    "--log": ("log", _log_path),
+    "--stderr": ("stderr", config.parse_stderr),
+}
+_FLAGS = {
+    "--exit-on-stall": ("exit_on_stall", True),
+    "--watcher": ("watcher", True),
+    "--no-watcher": ("watcher", False),
+    "--dump-on-sigusr1": ("dump_on_sigusr1", True),
+}
 
 
 def _start(options: dict, target: Target) -> int | Launch:
@@ -147,15 +132,8 @@ def _start(options: dict, target: Target) -> int | Launch:
         error.__traceback__ = None
         sys.excepthook(type(error), error, None)
         return EXIT_PROBLEM
-    env_settings, warnings = config.from_env()
-    settings = config.Settings(
-        timeout=options.get("timeout", env_settings.timeout),
-        log=options.get("log", env_settings.log),
-        exit_on_stall=options.get("exit_on_stall", env_settings.exit_on_stall),
-        watcher=options.get("watcher", env_settings.watcher is not False),
-        dump_on_sigusr1=options.get("dump_on_sigusr1", env_settings.dump_on_sigusr1),
-        stderr=options.get("stderr", env_settings.stderr),
-    )
+    # The watcher is on here unless asked off (under IMPORTWATCH=1 alone it is off).
+    settings, warnings = config.merge(options, watcher=True)
     # The target's children (workers, torchrun's ranks) trace themselves through the .pth.
     os.environ.update(config.to_env(settings))
     session.activate(settings, warnings, argv=target.describe())

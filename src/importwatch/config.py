@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import os
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Any, Callable
+
 DEFAULT_TIMEOUT = 30.0
 # The stall threshold's range (0 turns the watchdog off). Below the least, the heartbeat would wake
 # so often that it costs the program CPU; past a week, faulthandler's timer and lock waits
@@ -67,8 +72,11 @@ class Settings:
         )
 
 
-def parse_timeout(text: str, source: str) -> float:
-    """Seconds as a float: 0 (the watchdog off), or from MIN_TIMEOUT to MAX_TIMEOUT."""
+def parse_timeout(text: str, source: str, needs: str | None = None) -> float:
+    """Seconds as a float: 0 (the watchdog off), or from MIN_TIMEOUT to MAX_TIMEOUT.
+
+    NEEDS names a command that cannot do without the watchdog: 0 is refused there.
+    """
     try:
         value = float(text)
     except ValueError:
@@ -77,6 +85,8 @@ def parse_timeout(text: str, source: str) -> float:
         raise ConfigError(
             f"{source}: expected 0 (off) or {MIN_TIMEOUT:g} to {MAX_TIMEOUT:.0f} seconds (7 days), got {text!r}"
         )
+    if value == 0 and needs is not None:
+        raise ConfigError(f"{source}: {needs} needs a number of seconds > 0, got {text!r}")
     return value
 
 
@@ -98,17 +108,28 @@ def parse_flag(text: str, source: str) -> bool:
     raise ConfigError(f"{source}: expected 1 or 0, got {text!r}")
 
 
-def from_env(
-    environ: dict[str, str] | os._Environ[str] = os.environ,
+def merge(
+    options: dict[str, object] | None = None,
+    environ: Mapping[str, str] | None = None,
+    watcher: bool | None = None,
+    needs: str | None = None,
 ) -> tuple[Settings, list[str]]:
-    """Settings from the IMPORTWATCH_* variables, and one warning per bad value.
+    """The one merge of settings, for every entry point: each option wins over its variable, which wins over the default.
 
-    A bad value never stops the program: the default is used and the caller
-    reports the warning once.
+    OPTIONS maps Settings' field names to values already checked (a command line's, parsed
+    with the parse_* functions here, or install()'s arguments); a missing or None value is
+    not given. A bad variable never stops the program: its default is used, and the
+    warnings returned say so, one each, for the caller to report once. WATCHER is the
+    watcher's default when neither asks (on for the runner; None, off, under IMPORTWATCH=1).
+    NEEDS names a command that cannot do without the watchdog (see parse_timeout).
     """
+    given = {name: value for name, value in (options or {}).items() if value is not None}
+    environ = os.environ if environ is None else environ
     warnings: list[str] = []
 
-    def read(name: str, parse, default, fallback: str):
+    def read(field: str, name: str, parse: Callable[[str, str], Any], default: Any, fallback: str) -> Any:
+        if field in given:
+            return given[field]
         raw = environ.get(name)
         if raw is None or raw == "":
             return default
@@ -118,13 +139,20 @@ def from_env(
             warnings.append(f"{error}; using {fallback}")
             return default
 
-    timeout = read(ENV_TIMEOUT, parse_timeout, DEFAULT_TIMEOUT, f"{DEFAULT_TIMEOUT:g}")
-    exit_on_stall = read(ENV_EXIT_ON_STALL, parse_flag, False, "0")
-    watcher = read(ENV_WATCHER, parse_flag, None, "the default")
-    stderr = read(ENV_STDERR, parse_stderr, STDERR_ALL, STDERR_ALL)
-    log = environ.get(ENV_LOG) or None
-    dump_on_sigusr1 = read(ENV_DUMP_ON_SIGUSR1, parse_flag, False, "0")
-    settings = Settings(timeout, log, exit_on_stall, watcher, dump_on_sigusr1, stderr=stderr)
+    settings = Settings(
+        timeout=read(
+            "timeout",
+            ENV_TIMEOUT,
+            lambda text, source: parse_timeout(text, source, needs),
+            DEFAULT_TIMEOUT,
+            f"{DEFAULT_TIMEOUT:g}",
+        ),
+        log=given.get("log", environ.get(ENV_LOG) or None),
+        exit_on_stall=read("exit_on_stall", ENV_EXIT_ON_STALL, parse_flag, False, "0"),
+        watcher=read("watcher", ENV_WATCHER, parse_flag, watcher, "the default"),
+        dump_on_sigusr1=read("dump_on_sigusr1", ENV_DUMP_ON_SIGUSR1, parse_flag, False, "0"),
+        stderr=read("stderr", ENV_STDERR, parse_stderr, STDERR_ALL, STDERR_ALL),
+    )
     return settings, warnings
 
 

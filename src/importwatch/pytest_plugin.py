@@ -12,7 +12,7 @@ def start() -> None:
     """Switch tracing on, writing to a copy of stderr that pytest's output capture leaves alone."""
     if session.active() is not None:
         return  # IMPORTWATCH=1 already traces this process
-    settings, warnings = config.from_env()
+    settings, warnings = config.merge()
     try:
         stderr_fd = os.dup(2)
     except OSError:

@@ -9,6 +9,7 @@ from importwatch.tracing.runner import Target
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import argparse
+    from typing import Any, Callable
 
 EXIT_USAGE = 2
 
@@ -32,6 +33,47 @@ def value_of(args: list[str], index: int) -> tuple[str, int]:
     if index + 1 >= len(args):
         raise UsageError(f"{name} needs a value")
     return args[index + 1], index + 1
+
+
+def options_then_target(
+    args: list[str],
+    command: str,
+    texts: dict[str, str],
+    values: dict[str, tuple[str, Callable[[str, str], Any]]],
+    flags: dict[str, tuple[str, Any]],
+    stdin: bool = False,
+) -> tuple[dict[str, Any], Target] | None:
+    """A runner's command line: its options up to the program, then the program (see target_at).
+
+    VALUES maps an option that takes a value (`--x V` or `--x=V`) to the key it sets and
+    the parser of its text, called with the text and the option's name; FLAGS maps an
+    option without a value to the key it sets and the value it sets. An option in TEXTS
+    (-h, --help, --version) prints its text, and the answer is None. A parser's error (a ConfigError or a UsageError) is a UsageError.
+    """
+    from importwatch.config import ConfigError
+
+    options: dict[str, Any] = {}
+    index = 0
+    while index < len(args):
+        arg = args[index]
+        name = arg.partition("=")[0] if arg.startswith("--") else arg
+        if arg in texts:
+            sys.stdout.write(texts[arg])
+            return None
+        if name in values:
+            text, index = value_of(args, index)
+            key, parse = values[name]
+            try:
+                options[key] = parse(text, name)
+            except ConfigError as error:
+                raise UsageError(str(error)) from None
+        elif arg in flags:
+            key, value = flags[arg]
+            options[key] = value
+        else:
+            break
+        index += 1
+    return options, target_at(args, index, command, stdin)
 
 
 def target_at(args: list[str], index: int, command: str, stdin: bool = False) -> Target:

@@ -361,7 +361,7 @@ def activate(
     """Switch tracing on; a second call keeps what is installed and applies new settings."""
     global _active
     if settings is None:
-        settings, env_warnings = config.from_env()
+        settings, env_warnings = config.merge()
         warnings = [*(warnings or []), *env_warnings]
     if _active is not None:
         if settings is not _active.settings:

@@ -23,7 +23,7 @@ from importwatch.tools.bisection.trials import (
 )
 from importwatch.tracing.banner import mask_argv
 from importwatch.tracing.runner import is_zip
-from importwatch.usage import EXIT_USAGE, UsageError, fail, target_at, value_of
+from importwatch.usage import EXIT_USAGE, UsageError, fail, options_then_target
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -64,7 +64,7 @@ class Options:
     """The parsed command line."""
 
     def __init__(self) -> None:
-        self.timeout = config.DEFAULT_TIMEOUT
+        self.timeout = config.DEFAULT_TIMEOUT  # merged with IMPORTWATCH_TIMEOUT (see parse)
         self.jobs = DEFAULT_JOBS
         self.max_tries = DEFAULT_MAX_TRIES
         self.max_time = DEFAULT_MAX_TIME
@@ -74,35 +74,25 @@ class Options:
 
 
 def parse(args: list[str], environ: dict[str, str] | None = None) -> Options | None:
-    """Options up to the target, the target untouched; None when help was printed."""
-    environ = dict(os.environ) if environ is None else environ
+    """Options up to the target, the target untouched; None when help was printed.
+
+    The stall threshold is merged with IMPORTWATCH_TIMEOUT as every entry point does;
+    a bad variable is said on stderr, once, and the default used.
+    """
+    parsed = options_then_target(args, "importwatch bisect", {"-h": USAGE, "--help": USAGE}, _VALUES, _FLAGS)
+    if parsed is None:
+        return None
+    given, target = parsed
     options = Options()
-    raw = environ.get(config.ENV_TIMEOUT)
-    if raw:
-        options.timeout = _timeout(raw, config.ENV_TIMEOUT)
-    index = 0
-    while index < len(args):
-        arg = args[index]
-        name = arg.partition("=")[0] if arg.startswith("--") else arg
-        if arg in ("-h", "--help"):
-            sys.stdout.write(USAGE)
-            return None
-        if name in ("--timeout", "--jobs", "--max-tries", "--max-time"):
-            value, index = value_of(args, index)
-            if name == "--timeout":
-                options.timeout = _timeout(value, name)
-            elif name == "--max-time":
-                options.max_time = _timeout(value, name)
-            elif name == "--jobs":
-                options.jobs = _count(value, name)
-            else:
-                options.max_tries = _count(value, name)
-        elif arg == "--json":
-            options.json = True
-        else:
-            break
-        index += 1
-    target = target_at(args, index, "importwatch bisect")
+    for key in ("jobs", "max_tries", "max_time", "json"):
+        if key in given:
+            setattr(options, key, given[key])
+    settings, warnings = config.merge(
+        {"timeout": given.get("timeout")}, environ, watcher=True, needs="bisect"
+    )
+    for warning in warnings:
+        sys.stderr.write(f"importwatch bisect: {warning}\n")
+    options.timeout = settings.timeout
     options.kind = target.kind
     if target.kind != "script":
         options.target = target.describe()
@@ -115,13 +105,7 @@ def parse(args: list[str], environ: dict[str, str] | None = None) -> Options | N
 
 
 def _timeout(text: str, source: str) -> float:
-    try:
-        value = config.parse_timeout(text, source)
-    except config.ConfigError as error:
-        raise UsageError(str(error)) from None
-    if value == 0:
-        raise UsageError(f"{source}: bisect needs a number of seconds > 0, got {text!r}")
-    return value
+    return config.parse_timeout(text, source, needs="bisect")
 
 
 def _count(text: str, source: str) -> int:
@@ -132,6 +116,16 @@ def _count(text: str, source: str) -> int:
     if value < 1:
         raise UsageError(f"{source}: expected a whole number >= 1, got {text!r}")
     return value
+
+
+# The options, by the attribute of Options (or, for --timeout, the Settings field) each sets.
+_VALUES = {
+    "--timeout": ("timeout", _timeout),
+    "--jobs": ("jobs", _count),
+    "--max-tries": ("max_tries", _count),
+    "--max-time": ("max_time", _timeout),
+}
+_FLAGS = {"--json": ("json", True)}
 
 
 def main(args: list[str]) -> int:
