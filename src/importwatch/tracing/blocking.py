@@ -42,7 +42,6 @@ class BlockingSteps:
         self.sink = tracer.sink
         self._socket: Any = None
         self._wrapped: list[tuple[Any, str, Callable]] = []  # module, attribute, original
-        self._hooks: dict[str, Callable | None] = {}  # module name: the on_end hook we chained to
         self._targets = {
             "torch.distributed.distributed_c10d": self._wrap_distributed,
             "torch.cuda": self._wrap_cuda,
@@ -52,40 +51,21 @@ class BlockingSteps:
         }
 
     def install(self) -> None:
-        on_end = self.tracer.on_end
+        """Wrap the targets already imported; the others wait for their arrival (see arrivals)."""
         for name, wrap in self._targets.items():
             module = sys.modules.get(name)
             if module is not None:
                 self.tracer.safely(wrap, module)
-            elif name not in self._hooks:
-                self._hooks[name] = previous = on_end.get(name)
-                on_end[name] = self._chain(previous, wrap)
+
+    def arrivals(self) -> dict[str, Callable[[Any], None]]:
+        """The targets not imported yet, and what wraps each when it arrives (Session connects them)."""
+        return {name: wrap for name, wrap in self._targets.items() if name not in sys.modules}
 
     def uninstall(self) -> None:
-        on_end = self.tracer.on_end
-        for name, previous in self._hooks.items():
-            if previous is None:
-                on_end.pop(name, None)
-            else:
-                on_end[name] = previous
-        self._hooks.clear()
         for module, attribute, original in reversed(self._wrapped):
             if getattr(getattr(module, attribute, None), _MARK, None) is original:
                 setattr(module, attribute, original)
         self._wrapped.clear()
-
-    def _chain(self, previous: Callable | None, wrap: Callable) -> Callable:
-        """An on_end hook that runs the one already there (another feature's) and ours."""
-        if previous is None:
-            return wrap
-        safely = self.tracer.safely
-
-        def both(module: Any) -> None:
-            safely(previous, module)
-            safely(wrap, module)
-
-        both.__name__ = wrap.__name__
-        return both
 
     def _replace(self, module: Any, attribute: str, wrapper: Callable, original: Callable) -> None:
         for name in ("__module__", "__name__", "__qualname__", "__doc__"):

@@ -90,8 +90,7 @@ class Doors:
         lock_unlock = getattr(_bootstrap, "_lock_unlock_module", None)
         if lock_unlock is not None:
             self._replace(_bootstrap, "_lock_unlock_module", as_importlib_frame(self._make_wait(lock_unlock)))
-        for name, wrap in self._modules():
-            self.tracer.on_end[name] = wrap
+        for name, wrap in self.arrivals().items():
             module = sys.modules.get(name)
             if module is not None:
                 wrap(module)
@@ -101,16 +100,10 @@ class Doors:
             setattr(owner, attribute, original)
         self._saved.clear()
         self._loader_classes.clear()
-        for name, _ in self._modules():
-            self.tracer.on_end.pop(name, None)
 
-    def _modules(self) -> tuple[tuple[str, Callable[[Any], None]], ...]:
-        """The modules with doors of their own, and what wraps them once they are there."""
-        return (
-            ("runpy", self._wrap_runpy),
-            ("importlib.util", self._wrap_util),
-            ("importlib", self._wrap_reload),
-        )
+    def arrivals(self) -> dict[str, Callable[[Any], None]]:
+        """The modules with doors of their own, and what wraps each once it is there (Session connects them)."""
+        return {"runpy": self._wrap_runpy, "importlib.util": self._wrap_util, "importlib": self._wrap_reload}
 
     def _replace(self, owner: Any, attribute: str, replacement: Any) -> None:
         self._saved.append((owner, attribute, owner.__dict__[attribute]))

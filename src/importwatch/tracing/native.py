@@ -91,16 +91,18 @@ class NativeLoads:
 
             create_module.__qualname__ = "ExtensionFileLoader.create_module"
             _external.ExtensionFileLoader.create_module = as_importlib_frame(create_module)
-        self.tracer.on_end["ctypes"] = self.wrap_ctypes
         ctypes = sys.modules.get("ctypes")
         if ctypes is not None:
             self.wrap_ctypes(ctypes)
+
+    def arrivals(self) -> dict[str, Callable[[Any], None]]:
+        """ctypes, wrapped when it arrives if it has not yet (Session connects it)."""
+        return {"ctypes": self.wrap_ctypes}
 
     def uninstall(self) -> None:
         if self._create_module is not None:
             _external.ExtensionFileLoader.create_module = self._create_module
             self._create_module = None
-        self.tracer.on_end.pop("ctypes", None)
         if self._ctypes is not None:
             self._ctypes._dlopen = self._ctypes_dlopen
             self._ctypes = self._ctypes_dlopen = None

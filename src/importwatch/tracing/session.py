@@ -19,7 +19,7 @@ from importwatch.tracing import banner, phases
 from importwatch.tracing.blocking import BlockingSteps
 from importwatch.tracing.doors import Doors
 from importwatch.tracing.faults import SharedFaulthandler
-from importwatch.tracing.hook import Tracer, as_importlib_frame
+from importwatch.tracing.hook import NEVER, Tracer, as_importlib_frame
 from importwatch.tracing.native import NativeLoads
 from importwatch.tracing.sink import Sink
 from importwatch.tracing.watchdog import Watchdog
@@ -71,12 +71,11 @@ class Session:
             self.sink.warn(warning)
         banner.write_banner(self.sink, argv)
         self._start_watcher()
-        self.tracer.on_start["torch"] = lambda _: banner.torch_before(self.sink, *self.native.torch_facts())
-        self.tracer.on_end["torch"] = lambda torch: banner.torch_loaded(self.sink, torch)
         self.tracer.install()
         self.doors.install()  # waits for modules still initialising, bodies run by loaders
         self.native.install()
         self.blocking.install()  # torch's init steps, wrapped when (and if) their modules arrive
+        self._connect_arrivals()
         phases.bind(self.tracer)
         self.faults.install()
         self._start_faulthandler()
@@ -90,9 +89,7 @@ class Session:
             self.sink.close_log()
             self._open_log()
             self._start_faulthandler()
-        if self.watchdog is not None:
-            self.watchdog.stop()
-            self.watchdog = None
+        self._stop_watchdog()
         self._start_watchdog()
         watched = (settings.log, settings.timeout, settings.stderr)
         if self.sink.feed is not None and watched != (old.log, old.timeout, old.stderr):
@@ -102,9 +99,9 @@ class Session:
 
     def stop(self) -> None:
         self._drop_first_hooks()
-        if self.watchdog is not None:
-            self.watchdog.stop()
-            self.watchdog = None
+        self._stop_watchdog()
+        self.tracer.on_start.clear()
+        self.tracer.on_end.clear()
         phases.bind(None)
         self.blocking.uninstall()
         self.native.uninstall()
@@ -126,12 +123,46 @@ class Session:
         if self.settings.log:
             self.sink.open_log(config.expand_log_path(self.settings.log, self.sink.pid, self.sink.rank))
 
+    # -- the tracer's callbacks: connected here, and nowhere else --------------------
+    def _connect_arrivals(self) -> None:
+        """What runs when a module arrives: torch's banner lines, and each part's wrappers.
+
+        Two parts waiting for one module both run, each on its own (see Tracer.safely).
+        """
+        tracer = self.tracer
+        tracer.on_start["torch"] = lambda _: banner.torch_before(self.sink, *self.native.torch_facts())
+        tracer.on_end["torch"] = lambda torch: banner.torch_loaded(self.sink, torch)
+        for part in (self.doors, self.native, self.blocking):
+            for name, wrap in part.arrivals().items():
+                previous = tracer.on_end.get(name)
+                tracer.on_end[name] = wrap if previous is None else _both(tracer, previous, wrap)
+
     def _start_watchdog(self) -> None:
-        if self.settings.timeout > 0:
-            settings = self.settings
-            self.watchdog = Watchdog(self.tracer, settings.timeout, settings.exit_on_stall, self.faults)
-            self.watchdog.main_gone = self.main_gone
-            self.watchdog.start()
+        """The watchdog, told of each step by the tracer from before its heartbeat starts."""
+        if self.settings.timeout <= 0:
+            return
+        settings, tracer = self.settings, self.tracer
+        watchdog = Watchdog(tracer, settings.timeout, settings.exit_on_stall, self.faults)
+        watchdog.main_gone = self.main_gone
+        self.watchdog = watchdog
+        tracer.on_progress = watchdog.step_ended
+        tracer.on_gil_held = watchdog.gil_held
+        tracer.on_gil_released = watchdog.gil_released
+        tracer.on_deadline = watchdog.step_begins
+        watchdog.start()
+
+    def _stop_watchdog(self, forget: bool = True) -> None:
+        """Stop the watchdog, then tell the tracer that nothing listens any more; FORGET it too."""
+        watchdog = self.watchdog
+        if watchdog is None:
+            return
+        watchdog.stop()
+        tracer = self.tracer
+        if tracer.on_progress == watchdog.step_ended:
+            tracer.progress_due = NEVER
+            tracer.on_progress = tracer.on_gil_held = tracer.on_gil_released = tracer.on_deadline = None
+        if forget:
+            self.watchdog = None
 
     def _start_watcher(self) -> None:
         """The watcher process (watcher/), when asked for: it sees from outside what no thread here can."""
@@ -317,6 +348,17 @@ def _on_next_line(frame: Any, then: Callable[[], None]) -> None:
     monitoring.set_local_events(tool, code, events)
 
 
+def _both(tracer: Tracer, first: Callable[[Any], None], then: Callable[[Any], None]) -> Callable[[Any], None]:
+    """One arrival callback that runs two, each on its own: a failure of one never skips the other."""
+
+    def both(module: Any) -> None:
+        tracer.safely(first, module)
+        tracer.safely(then, module)
+
+    both.__name__ = then.__name__
+    return both
+
+
 def _count_threads() -> int:
     """The process's threads as the kernel counts them (and as Python's fork warning does)."""
     fields = procstat.fields("/proc/self/stat")
@@ -339,8 +381,7 @@ def _at_exit() -> None:
     """
     if _active is None:
         return
-    if _active.watchdog is not None:
-        _active.watchdog.stop()  # first: nothing of ours may fire while the exit waits in hush
+    _active._stop_watchdog(forget=False)  # first: nothing of ours may fire while the exit waits in hush
     if _active.sink.feed is not None:
         from importwatch.tracing.watcher_launch import hush  # loaded already: it started the watcher
 

@@ -138,11 +138,7 @@ class Watchdog:
         if self._running:
             return
         self._running = True
-        self.tracer.on_progress = self._on_progress
         self._tell_due()
-        self.tracer.on_gil_held = self._guard
-        self.tracer.on_gil_released = self._unguard
-        self.tracer.on_deadline = self._step_begins
         self._start_heartbeat()
 
     def _start_heartbeat(self) -> None:
@@ -179,10 +175,6 @@ class Watchdog:
         self.wake()
         if was_running:
             self._await_heartbeat()
-        if self.tracer.on_progress == self._on_progress:
-            self.tracer.progress_due = NEVER
-            self.tracer.on_progress = None
-            self.tracer.on_gil_held = self.tracer.on_gil_released = self.tracer.on_deadline = None
 
     def _await_heartbeat(self) -> bool:
         """Let the woken heartbeat end before the interpreter finalises (stop() runs at exit).
@@ -200,7 +192,7 @@ class Watchdog:
             return True
         return False
 
-    def _step_begins(self, timeout: float | None) -> None:
+    def step_begins(self, timeout: float | None) -> None:
         """A step began (see Tracer.on_deadline) with its own threshold TIMEOUT, or the watchdog's.
 
         While nothing was in flight nothing may be armed, and a step that holds the
@@ -400,7 +392,7 @@ class Watchdog:
         share = self._cpu_share(culprit)
         busy = share is not None and share >= _BUSY
         debugger = _tracer() if share is None else 0
-        # The step may have ended while its CPU use was being looked at (see _on_progress).
+        # The step may have ended while its CPU use was being looked at (see step_ended).
         ended = self._stalled.get(culprit, (None,))[0] is not top
         if busy:
             used = min(share, 1.0)  # run-queue time and the clock's steps can add up to a little more
@@ -523,7 +515,7 @@ class Watchdog:
             except (OSError, ValueError, RuntimeError):
                 pass
 
-    def _on_progress(self, now: float) -> None:
+    def step_ended(self, now: float) -> None:
         """Called by the tracer at a step's end once it is due (see _tell_due): say when a stalled
         thread moved on."""
         if self._dormant:
@@ -564,7 +556,7 @@ class Watchdog:
         return f"in {self.sink.log_path}, not on this terminal"
 
     def _tell_due(self) -> None:
-        """Tell the tracer from when a step's end needs _on_progress, after each change of what it reads.
+        """Tell the tracer from when a step's end needs step_ended, after each change of what it reads.
 
         At once while a thread is stalled; once the armed deadline has passed (faulthandler may
         have dumped while the GIL was held); never while nothing is armed. Set under the lock
@@ -575,7 +567,7 @@ class Watchdog:
             due = NEVER if armed is None else armed
             self.tracer.progress_due = 0.0 if self._stalled or self._dormant else due
 
-    def _guard(self, frame: TracedStep) -> None:
+    def gil_held(self, frame: TracedStep) -> None:
         """Before a dlopen: the heartbeat may not run again until it returns, so the C timer must be armed."""
         if self._dormant:
             self.wake_up()
@@ -594,7 +586,7 @@ class Watchdog:
         if armed is None or armed > deadline or armed <= deadline - self.longest:
             self._arm(deadline, start)
 
-    def _unguard(self, frame: TracedStep) -> None:
+    def gil_released(self, frame: TracedStep) -> None:
         """After a dlopen: say so if faulthandler reported it.
 
         A timer still armed is left for the heartbeat's next look, which re-arms it
