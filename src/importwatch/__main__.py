@@ -10,6 +10,8 @@ from importwatch.tracing import runner
 _launch = cli.prepare()
 if not isinstance(_launch, runner.Launch):
     raise SystemExit(_launch)
+# runner.execute's lines, inline rather than called: a call would add its frame below the
+# program's first frame (see the docstring). Change both alike.
 try:
     if _launch.code is None:
         _launch.run_module(_launch.module, _launch.alter_argv)

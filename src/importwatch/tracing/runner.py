@@ -170,6 +170,9 @@ _FLAG = {"module": "-m", "code": "-c", "stdin": "-"}
 
 def execute(launch: Launch) -> None:
     """Run what launch() prepared, from here (the console script's way; __main__.py runs it inline)."""
+    # __main__.py repeats these lines at its module level on purpose: calling this function from
+    # there would put one frame more below the program than `python -m runpy` does (see its
+    # docstring). Change both alike.
     try:
         if launch.code is None:
             launch.run_module(launch.module, launch.alter_argv)
