@@ -177,3 +177,27 @@ def test_pth_is_a_single_guarded_line() -> None:
     lines = (ROOT / "src" / "importwatch.pth").read_text().splitlines()
     assert len(lines) == 1 and lines[0].startswith("import os;")
     assert os.environ.get("IMPORTWATCH_NEVER_SET_IN_TESTS") is None
+
+
+def test_blocking_steps_are_imported_only_when_a_module_they_wrap_arrives() -> None:
+    """tracing/blocking.py costs the most of our modules at start-up: it waits for its targets."""
+    code = (
+        "import sys; print('importwatch.tracing.blocking' in sys.modules)\n"
+        "import multiprocessing.popen_fork as popen_fork\n"
+        "print('importwatch.tracing.blocking' in sys.modules)\n"
+        "print(hasattr(popen_fork.Popen._send_signal, '__importwatch_original__'))\n"
+    )
+    env = clean_env(IMPORTWATCH="1")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0 and done.stdout == "False\nTrue\nTrue\n", done.stderr
+    # Our own import is not the program's: it gets no line.
+    assert "> multiprocessing.popen_fork" in done.stderr and "> importwatch" not in done.stderr
+
+
+def test_every_module_blocking_steps_wrap_brings_them_in() -> None:
+    from importwatch.tracing import session
+    from importwatch.tracing.blocking import BlockingSteps
+    from importwatch.tracing.hook import Tracer
+    from importwatch.tracing.sink import Sink
+
+    assert set(BlockingSteps(Tracer(Sink(2)))._targets) == set(session.BLOCKING_TARGETS)

@@ -49,7 +49,12 @@ def test_every_entry_point_merges_the_variables_alike(entry: str, tmp_path: Path
     out = tmp_path / "settings.json"
     env = clean_env(PYTHONPATH=str(tmp_path), PROBE_OUT=str(out), **VARIABLES)
     done = subprocess.run(
-        [sys.executable, *ENTRY_POINTS[entry]], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=100
+        [sys.executable, *ENTRY_POINTS[entry]],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=100,
     )
     assert out.exists(), f"the probe did not run under {entry}: {done.stdout}{done.stderr}"
     assert json.loads(out.read_text()) == EXPECTED
@@ -76,7 +81,12 @@ def test_a_tool_warns_once_of_a_bad_variable_and_uses_the_default(entry: str, tm
     out = tmp_path / "settings.json"
     env = clean_env(PYTHONPATH=str(tmp_path), PROBE_OUT=str(out), IMPORTWATCH_TIMEOUT="soon")
     done = subprocess.run(
-        [sys.executable, *ENTRY_POINTS[entry]], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=50
+        [sys.executable, *ENTRY_POINTS[entry]],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=50,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stderr.count("IMPORTWATCH_TIMEOUT: expected a number of seconds, got 'soon'; using 30") == 1

@@ -51,15 +51,15 @@ class BlockingSteps:
         }
 
     def install(self) -> None:
-        """Wrap the targets already imported; the others wait for their arrival (see arrivals)."""
+        """Wrap the targets already imported; the others when they arrive (see arrive)."""
         for name, wrap in self._targets.items():
             module = sys.modules.get(name)
             if module is not None:
                 self.tracer.safely(wrap, module)
 
-    def arrivals(self) -> dict[str, Callable[[Any], None]]:
-        """The targets not imported yet, and what wraps each when it arrives (Session connects them)."""
-        return {name: wrap for name, wrap in self._targets.items() if name not in sys.modules}
+    def arrive(self, name: str, module: Any) -> None:
+        """Module NAME, one of the targets, has just been imported: wrap its steps (Session calls this)."""
+        self._targets[name](module)
 
     def uninstall(self) -> None:
         for module, attribute, original in reversed(self._wrapped):

@@ -181,6 +181,14 @@ class Tracer:
         _bootstrap._find_and_load = self._saved
         self._saved = None
 
+    def import_own(self, name: str) -> Any:
+        """One of importwatch's own modules, imported without a line: it is not the program's import."""
+        module = sys.modules.get(name)
+        if module is None:
+            find_and_load = self._saved or _bootstrap._find_and_load
+            module = find_and_load(name, _bootstrap._gcd_import)
+        return module
+
     # -- the hot path ------------------------------------------------------------
     # One piece on purpose: _find_and_load runs for every import, on a budget of a few microseconds.
     # What it uses is bound here once, as cells of the closure (cheaper than attribute or global

@@ -16,7 +16,6 @@ import time
 from importwatch import config
 from importwatch.facts import procstat
 from importwatch.tracing import banner, phases
-from importwatch.tracing.blocking import BlockingSteps
 from importwatch.tracing.doors import Doors
 from importwatch.tracing.faults import SharedFaulthandler
 from importwatch.tracing.hook import NEVER, Tracer, as_importlib_frame
@@ -29,12 +28,22 @@ if TYPE_CHECKING:
     from typing import Any, Callable
 
     from importwatch.config import Settings
+    from importwatch.tracing.blocking import BlockingSteps
 
 # Python 3.12+ warns at os.fork() when the process has more than one thread, counted by the kernel
 # (/proc/self/stat); from 3.13 after the after-fork hooks have run, so also a thread they start.
 _FORK_WARNS = sys.version_info >= (3, 12)
 # How long a fork may wait for the threads we ended to be gone from the kernel's count.
 _THREADS_GONE_WAIT = 0.05
+# The modules whose init steps tracing/blocking.py wraps (BlockingSteps._targets, which a test
+# holds to this list). That module, the costliest of ours at start-up, is imported only when one
+# of them is: most programs never import them.
+BLOCKING_TARGETS = (
+    "torch.distributed.distributed_c10d",
+    "torch.cuda",
+    "torch.utils.cpp_extension",
+    "multiprocessing.popen_fork",
+)
 
 
 class Session:
@@ -47,7 +56,7 @@ class Session:
         self.sink.on_log_lost = self._log_lost
         self.tracer = Tracer(self.sink)
         self.native = NativeLoads(self.tracer)
-        self.blocking = BlockingSteps(self.tracer)
+        self.blocking: BlockingSteps | None = None  # see BLOCKING_TARGETS
         self.doors = Doors(self.tracer)
         self.watchdog: Watchdog | None = None
         self.faults = SharedFaulthandler()
@@ -74,7 +83,8 @@ class Session:
         self.tracer.install()
         self.doors.install()  # waits for modules still initialising, bodies run by loaders
         self.native.install()
-        self.blocking.install()  # torch's init steps, wrapped when (and if) their modules arrive
+        if any(name in sys.modules for name in BLOCKING_TARGETS):
+            self._blocking_steps()  # torch's init steps, wrapped now or when their modules arrive
         self._connect_arrivals()
         phases.bind(self.tracer)
         self.faults.install()
@@ -103,7 +113,8 @@ class Session:
         self.tracer.on_start.clear()
         self.tracer.on_end.clear()
         phases.bind(None)
-        self.blocking.uninstall()
+        if self.blocking is not None:
+            self.blocking.uninstall()
         self.native.uninstall()
         self.doors.uninstall()
         self.tracer.uninstall()
@@ -132,10 +143,31 @@ class Session:
         tracer = self.tracer
         tracer.on_start["torch"] = lambda _: banner.torch_before(self.sink, *self.native.torch_facts())
         tracer.on_end["torch"] = lambda torch: banner.torch_loaded(self.sink, torch)
-        for part in (self.doors, self.native, self.blocking):
-            for name, wrap in part.arrivals().items():
-                previous = tracer.on_end.get(name)
-                tracer.on_end[name] = wrap if previous is None else _both(tracer, previous, wrap)
+        arrivals = [*self.doors.arrivals().items(), *self.native.arrivals().items()]
+        arrivals += [
+            (name, self._blocking_arrives(name)) for name in BLOCKING_TARGETS if name not in sys.modules
+        ]
+        for name, wrap in arrivals:
+            previous = tracer.on_end.get(name)
+            tracer.on_end[name] = wrap if previous is None else _both(tracer, previous, wrap)
+
+    def _blocking_steps(self) -> BlockingSteps:
+        """tracing/blocking.py's wrappers, imported (without a line) and installed at the first need."""
+        if self.blocking is None:
+            blocking = self.tracer.import_own("importwatch.tracing.blocking")
+            self.blocking = blocking.BlockingSteps(self.tracer)
+            self.blocking.install()
+        return self.blocking
+
+    def _blocking_arrives(self, name: str) -> Callable[[Any], None]:
+        def arrive(module: Any) -> None:
+            if self.blocking is None:
+                self._blocking_steps()  # its install wraps each target there, this one included
+            else:
+                self.blocking.arrive(name, module)
+
+        arrive.__qualname__ = f"BlockingSteps.arrive({name})"  # how an internal error names it
+        return arrive
 
     def _start_watchdog(self) -> None:
         """The watchdog, told of each step by the tracer from before its heartbeat starts."""
