@@ -184,7 +184,7 @@ def test_without_torch_it_still_works_and_says_so(tmp_path: Path) -> None:
         (["--timeout", "soon"], "importwatch: error: --timeout: expected a number of seconds, got 'soon'\n"),
         (
             ["--timeout", "0"],
-            "importwatch: error: --timeout: expected a finite number of seconds > 0, got '0'\n",
+            "importwatch: error: --timeout: doctor needs a number of seconds > 0, got '0'\n",
         ),
         (["--import", "not a module"], "importwatch: error: --import: 'not a module' is not a module name\n"),
         (["--frobnicate"], "importwatch: error: unrecognized arguments: --frobnicate\n"),

@@ -65,6 +65,11 @@ class Settings:
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError("Settings are immutable")
 
+    def replace(self, **changes: Any) -> Settings:
+        """A copy with CHANGES, by field name."""
+        fields = {name: getattr(self, name) for name in self.__slots__}
+        return Settings(**{**fields, **changes})
+
     def __repr__(self) -> str:
         return (
             f"Settings(timeout={self.timeout!r}, log={self.log!r}, exit_on_stall={self.exit_on_stall!r}, "
@@ -168,6 +173,19 @@ def to_env(settings: Settings) -> dict[str, str]:
         ENV_DUMP_ON_SIGUSR1: "1" if settings.dump_on_sigusr1 else "0",
         ENV_STDERR: settings.stderr,
     }
+
+
+def to_options(settings: Settings) -> list[str]:
+    """The runner's options that give a child process SETTINGS, whatever IMPORTWATCH_* it has."""
+    options = ["--timeout", repr(settings.timeout), "--stderr", settings.stderr]
+    options.append("--watcher" if settings.watcher else "--no-watcher")
+    if settings.log:
+        options += ["--log", settings.log]
+    if settings.exit_on_stall:
+        options.append("--exit-on-stall")
+    if settings.dump_on_sigusr1:
+        options.append("--dump-on-sigusr1")
+    return options
 
 
 def expand_log_path(path: str, pid: int, rank: int | None = None) -> str:

@@ -13,7 +13,7 @@ import argparse
 import os
 import sys
 
-from importwatch import __version__
+from importwatch import __version__, config
 from importwatch.facts import cuda, scan
 from importwatch.tools.bisection.trials import TerminationAsInterrupt, stop_status
 from importwatch.tools.doctor import facts, render, rules
@@ -32,10 +32,9 @@ if TYPE_CHECKING:
 EXIT_OK = 0
 EXIT_PROBLEM = 1
 
-DEFAULT_TIMEOUT = 30.0
-
 HELP_TIMEOUT = (
-    "seconds each child (an import, the CUDA checks) may take before it is called hung (default 30)"
+    "seconds each child (an import, the CUDA checks) may take before it is called hung "
+    "(IMPORTWATCH_TIMEOUT, default 30)"
 )
 
 
@@ -57,7 +56,7 @@ def _parser() -> argparse.ArgumentParser:
         help="modules to import, each in a fresh traced interpreter "
         "(default: torch if installed, plus the packages that ship CUDA extensions)",
     )
-    parser.add_argument("--timeout", metavar="S", default=str(DEFAULT_TIMEOUT), help=HELP_TIMEOUT)
+    parser.add_argument("--timeout", metavar="S", help=HELP_TIMEOUT)
     parser.add_argument("--json", action="store_true", help="print the facts and verdicts as one JSON object")
     parser.add_argument(
         "--cuda",
@@ -75,20 +74,26 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--watcher",
         action=argparse.BooleanOptionalAction,
-        default=True,
-        help="a watcher process beside each traced import, as under the runner (default: on)",
+        default=None,
+        help="a watcher process beside each traced import, as under the runner "
+        "(IMPORTWATCH_WATCHER, default: on)",
     )
     return parser
 
 
-def _timeout(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise UsageError(f"--timeout: expected a number of seconds, got {text!r}") from None
-    if not 0 < value < float("inf"):
-        raise UsageError(f"--timeout: expected a finite number of seconds > 0, got {text!r}")
-    return value
+def _settings(options: argparse.Namespace) -> config.Settings:
+    """The children's settings: the options, else the IMPORTWATCH_* variables (a bad one said once)."""
+    timeout = None
+    if options.timeout is not None:
+        try:
+            timeout = config.parse_timeout(options.timeout, "--timeout", needs="doctor")
+        except config.ConfigError as error:
+            raise UsageError(str(error)) from None
+    given = {"timeout": timeout, "watcher": options.watcher}
+    settings, warnings = config.merge(given, watcher=True, needs="doctor")
+    for warning in warnings:
+        sys.stderr.write(f"importwatch doctor: {warning}\n")
+    return settings
 
 
 def _module_name(name: str) -> str:
@@ -98,13 +103,13 @@ def _module_name(name: str) -> str:
 
 
 def diagnose(
-    imports: Sequence[str] | None = None,
-    timeout: float = DEFAULT_TIMEOUT,
+    imports: Sequence[str] | None,
+    settings: config.Settings,
     packages: Sequence[str] | None = None,
     run_cuda: bool | None = None,
-    watcher: bool = True,
 ) -> dict:
-    """Every fact and check of the doctor, as the JSON object --json prints."""
+    """Every fact and check of the doctor, as the JSON object --json prints; SETTINGS are the children's."""
+    timeout = settings.timeout
     environ = dict(os.environ)
     report: dict = {
         "importwatch": __version__,
@@ -134,7 +139,7 @@ def diagnose(
 
     env = child_env(extra_path)
     checks = [
-        check_import(name, timeout, env, torch, modules, watcher)
+        check_import(name, settings, env, torch, modules)
         for name, modules in _planned(imports, torch, result).items()
     ]
     report["imports"] = checks
@@ -183,7 +188,7 @@ def main(args: list[str]) -> int:
     """`importwatch doctor [OPTIONS]`: the exit code is 0 when all is well, 1 on a problem, 2 on bad usage."""
     try:
         options = _parser().parse_args(args)
-        timeout = _timeout(options.timeout)
+        settings = _settings(options)
         imports = [_module_name(name) for name in options.imports] if options.imports is not None else None
     except UsageError as error:
         return fail(error)
@@ -191,7 +196,7 @@ def main(args: list[str]) -> int:
         return int(exit.code or 0)
     try:
         with TerminationAsInterrupt():
-            report = diagnose(imports, timeout, options.packages, options.cuda, options.watcher)
+            report = diagnose(imports, settings, options.packages, options.cuda)
     except KeyboardInterrupt as stop:  # SIGINT, SIGTERM or SIGHUP
         # The child in flight was killed with its process group, its folder removed, on the way out.
         how, status = stop_status(stop)

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import tempfile
 
+from importwatch import config
 from importwatch.events import parse_line
 from importwatch.facts import cuda
 from importwatch.inflight import InFlight
@@ -17,6 +18,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
+    from importwatch.config import Settings
     from importwatch.events import Event
     from importwatch.facts.cuda import TorchFacts
     from importwatch.inflight import Started
@@ -55,21 +57,21 @@ def _message(error: str) -> str:
 
 def check_import(
     module: str,
-    timeout: float,
+    settings: Settings,
     env: dict[str, str],
     torch: TorchFacts | None = None,
     modules: Sequence[str] = (),
-    watcher: bool = True,
 ) -> dict:
     """Import MODULE (or, when given, its MODULES: a package's extension modules, one after the other)
-    in a fresh interpreter under the tracer; ok, failed or hung, and why."""
+    in a fresh interpreter traced with SETTINGS; ok, failed or hung, and why."""
     modules = list(modules) or [module]
+    timeout = settings.timeout
     with tempfile.TemporaryDirectory(prefix="importwatch-doctor-") as folder:
         log = os.path.join(folder, "trace.jsonl")
         errors = os.path.join(folder, "stderr.txt")
-        command = [sys.executable, "-m", "importwatch", "--timeout", repr(timeout), "--exit-on-stall"]
-        command += [] if watcher else ["--no-watcher"]
-        command += ["--log", log, "-c", "; ".join(f"import {name}" for name in modules)]
+        options = config.to_options(settings.replace(log=log, exit_on_stall=True))
+        command = [sys.executable, "-m", "importwatch", *options]
+        command += ["-c", "; ".join(f"import {name}" for name in modules)]
         with open(errors, "wb") as stderr:
             status, seconds, view = run_child(
                 command, timeout + GRACE, env, subprocess.DEVNULL, stderr.fileno(), folder
