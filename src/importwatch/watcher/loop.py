@@ -668,14 +668,15 @@ class Watcher:
 
 
 def main(args: list[str] | None = None) -> int:
-    """`python -m importwatch.watcher.loop --pid PID --feed FD [--timeout S] [--log PATH [--log-fd FD]]`."""
+    """`python -m importwatch.watcher.loop --pid PID --feed FD --timeout S [--log PATH [--log-fd FD]]`."""
     import argparse
     import signal
 
     parser = argparse.ArgumentParser(prog="importwatch.watcher")
     parser.add_argument("--pid", type=int, required=True)
     parser.add_argument("--feed", type=int, required=True)
-    parser.add_argument("--timeout", type=float, default=30.0)
+    # The traced process's Settings.timeout, as repr() wrote it once config.merge had checked it.
+    parser.add_argument("--timeout", type=float, required=True)
     parser.add_argument("--start", type=int, default=None)
     parser.add_argument("--log")  # the name of the log on --log-fd, for messages and its format
     parser.add_argument("--log-fd", type=int, default=None)  # the program's open log: never re-opened
