@@ -57,6 +57,7 @@ class Session:
         self.tracer = Tracer(self.sink)
         self.native = NativeLoads(self.tracer)
         self.blocking: BlockingSteps | None = None  # see BLOCKING_TARGETS
+        self._blocking_lock = _thread.allocate_lock()  # two threads may bring targets in at once
         self.doors = Doors(self.tracer)
         self.watchdog: Watchdog | None = None
         self.faults = SharedFaulthandler()
@@ -153,11 +154,12 @@ class Session:
 
     def _blocking_steps(self) -> BlockingSteps:
         """tracing/blocking.py's wrappers, imported (without a line) and installed at the first need."""
-        if self.blocking is None:
-            blocking = self.tracer.import_own("importwatch.tracing.blocking")
-            self.blocking = blocking.BlockingSteps(self.tracer)
-            self.blocking.install()
-        return self.blocking
+        with self._blocking_lock:
+            if self.blocking is None:
+                blocking = self.tracer.import_own("importwatch.tracing.blocking")
+                self.blocking = blocking.BlockingSteps(self.tracer)
+                self.blocking.install()
+            return self.blocking
 
     def _blocking_arrives(self, name: str) -> Callable[[Any], None]:
         def arrive(module: Any) -> None:
@@ -275,6 +277,7 @@ class Session:
         self.main_gone = self.main_gone or self._forker != self._main_ident
         self._main_ident = _thread.get_ident()
         self._child_lock = _thread.allocate_lock()
+        self._blocking_lock = _thread.allocate_lock()  # another thread may have held it at the fork
         # Nothing more until the child's first event: a fork followed by exec costs nothing.
         self._child_of = parent
         self._await_first_event()
