@@ -6,6 +6,11 @@ holds the GIL, faulthandler's dump and that line are all there is. A stall
 report adds what only a look at stall time can say (does the port answer, how
 old is the lock). Nothing here imports torch: each wrapper is put in place when
 torch's own module finishes importing.
+
+This module itself is imported only when one of the modules it wraps arrives
+(session.BLOCKING_TARGETS), through Tracer.import_own, which writes no line for
+it; so at its top it imports only what start-up has imported already, and the
+rest through import_own too (a line of ours must not appear in the program's log).
 """
 
 from __future__ import annotations
@@ -15,7 +20,6 @@ import os
 import sys
 import time
 
-from importwatch.signame import signal_name
 from importwatch.tracing.banner import mask_environment
 
 TYPE_CHECKING = False
@@ -125,6 +129,7 @@ class BlockingSteps:
             return
         sink = self.sink
         safely = self.tracer.safely
+        signal_name = self.tracer.import_own("importwatch.signame").signal_name
 
         def note(sent: tuple[int, int]) -> None:
             # A number the signal module does not name stays one word: report reads the line back.
