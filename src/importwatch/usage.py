@@ -8,7 +8,6 @@ from importwatch.tracing.runner import Target
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    import argparse
     from typing import Any, Callable
 
 EXIT_USAGE = 2
@@ -103,12 +102,16 @@ def target_at(args: list[str], index: int, command: str, stdin: bool = False) ->
     return Target("script", args[index], args[index + 1 :])
 
 
-def argument_parser(**kwargs: object) -> argparse.ArgumentParser:
+def argument_parser(**kwargs: object) -> Any:  # an argparse.ArgumentParser with add_switch
     """argparse, but a bad command line is a UsageError (one line, exit 2), never usage text."""
     import argparse
 
     class Parser(argparse.ArgumentParser):
         def error(self, message: str) -> None:  # type: ignore[override]
             raise UsageError(message)
+
+        def add_switch(self, name: str, default: bool | None, help: str) -> None:
+            """NAME and its --no- twin; DEFAULT when neither is given (None: decided later)."""
+            self.add_argument(name, action=argparse.BooleanOptionalAction, default=default, help=help)
 
     return Parser(**kwargs)

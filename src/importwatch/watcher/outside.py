@@ -651,15 +651,10 @@ def read_stacks(pid: int, timeout: float = 10.0) -> Stacks | str:
 def run_helper(tool: str, command: list[str], timeout: float) -> tuple[str, str] | str:
     """The stdout and stderr of TOOL (a stack reader) run as COMMAND, within TIMEOUT seconds; or why
     it failed."""
+    # Nothing on its stdin; what it says is read as text, any byte it cannot decode replaced.
+    quietly: dict = {"stdin": subprocess.DEVNULL, "capture_output": True, "text": True, "errors": "replace"}
     try:
-        done = subprocess.run(
-            command,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            timeout=timeout,
-            text=True,
-            errors="replace",
-        )
+        done = subprocess.run(command, timeout=timeout, **quietly)
     except (OSError, subprocess.SubprocessError) as error:
         return f"{tool} failed: {error}"
     return done.stdout, done.stderr

@@ -58,11 +58,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--timeout", metavar="S", help=HELP_TIMEOUT)
     parser.add_argument("--json", action="store_true", help="print the facts and verdicts as one JSON object")
-    parser.add_argument(
+    parser.add_switch(
         "--cuda",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="run the CUDA checks even without a driver or a CUDA build of torch (--no-cuda: never)",
+        None,
+        "run the CUDA checks even without a driver or a CUDA build of torch (--no-cuda: never)",
     )
     parser.add_argument(
         "--packages",
@@ -71,12 +70,10 @@ def _parser() -> argparse.ArgumentParser:
         action="extend",
         help="scan only these packages (names, or folders: a site folder or a package folder)",
     )
-    parser.add_argument(
+    parser.add_switch(
         "--watcher",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="a watcher process beside each traced import, as under the runner "
-        "(IMPORTWATCH_WATCHER, default: on)",
+        None,
+        "a watcher process beside each traced import, as under the runner (IMPORTWATCH_WATCHER, default: on)",
     )
     return parser
 

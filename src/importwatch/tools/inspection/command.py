@@ -42,7 +42,6 @@ WINDOW = 0.5
 
 # -- the command line ---------------------------------------------------------------------------
 def _parser():
-    import argparse
 
     parser = argument_parser(
         prog="importwatch inspect",
@@ -57,11 +56,8 @@ def _parser():
     )
     parser.add_argument("pid", metavar="PID", help="the process to inspect")
     parser.add_argument("--json", action="store_true", help="print the report as one JSON object")
-    parser.add_argument(
-        "--native",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="read the native (C) stacks too, with gdb, py-spy or pystack (default: on)",
+    parser.add_switch(
+        "--native", True, "read the native (C) stacks too, with gdb, py-spy or pystack (default: on)"
     )
     return parser
 
