@@ -14,6 +14,7 @@ import pytest
 
 from cbuild import FIXTURES, compile_extension, compile_shared, stand_in_torch
 from helpers import ROOT, clean_env
+from importwatch.events import VERDICT, WARNING, read_line
 from test_report import hung_program, report, run_until_stalled
 
 FORMATS = ("summary", "tree", "importtime", "chrome")
@@ -296,6 +297,46 @@ def test_text_and_jsonl_logs_of_the_same_run_give_the_same_summary_verdicts_incl
     verdict = "needs libcudart.so.11.0 (CUDA 11) but torch 2.3.1 is built for CUDA 12.1"
     assert verdict in text and verdict in jsonl
     assert _statements(text) == _statements(jsonl)
+
+
+@pytest.mark.timeout(120)
+def test_verdicts_read_back_as_verdicts_apart_from_importwatchs_warnings_text_and_json_alike(tmp_path):
+    cuda = FIXTURES / "cuda"
+    runtime = compile_shared(
+        cuda / "cudart_standin.c", tmp_path / "cuda-11.0" / "libcudart.so.11.0", soname="libcudart.so.11.0"
+    )
+    compile_extension(cuda / "kernels.c", tmp_path / "site", "fastkern._kernels", libs=[runtime])
+    stand_in_torch(tmp_path / "torch-site", "2.3.1+cu121", "12.1")
+    verdict = "needs libcudart.so.11.0 (CUDA 11) but torch 2.3.1 is built for CUDA 12.1"
+    warning = "IMPORTWATCH_TIMEOUT: expected a number of seconds, got 'soon'; using 30"
+    summaries = []
+    for log in (tmp_path / "run.log", tmp_path / "run.jsonl"):
+        # A bad setting in IMPORTWATCH=1 mode is importwatch's own warning; the program runs on.
+        env = clean_env(
+            PYTHONPATH=f"{tmp_path / 'site'}{os.pathsep}{tmp_path / 'torch-site'}",
+            IMPORTWATCH="1",
+            IMPORTWATCH_LOG=str(log),
+            IMPORTWATCH_TIMEOUT="soon",
+        )
+        code = "import json, torch, fastkern._kernels"
+        ran = subprocess.run(
+            [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+        )
+        assert ran.returncode == 0, ran.stderr
+        kinds = {}
+        for line in log.read_text().splitlines():
+            event = read_line(line)
+            if event is not None and event.kind in (VERDICT, WARNING):
+                kinds[event.kind] = event.data()
+        assert verdict in kinds[VERDICT]["verdict"] and kinds[WARNING] == {"message": warning}, kinds
+        done = report(log)
+        assert done.returncode == 0, done.stderr
+        out = done.stdout
+        verdicts, _, warnings = out.partition("  verdicts:\n")[2].partition("  importwatch's warnings:\n")
+        assert verdict in verdicts and warning not in verdicts, out
+        assert f"! importwatch: {warning}" in warnings and verdict not in warnings, out
+        summaries.append(out)
+    assert _statements(summaries[0]) == _statements(summaries[1])
 
 
 def _statements(summary: str) -> list[str]:

@@ -1,36 +1,33 @@
-"""Reads our log lines back: one text or JSON line in, one Event out (for report, bisect, the watcher).
+"""The event model: every kind of event, its fields, its text and JSON renderings, and the one parser of both.
+
+Writers (tracing/*, the watcher) build an event as a kind and its fields; the
+Sink renders it with render() as the body of a text line (after the
+`[importwatch PID ...]` prefix) and, in a JSON Lines log, as one object holding
+the same fields. Readers (report, bisect, doctor, the watcher) get an Event back
+from either line with read_line() and use its fields, never the text.
+
+Each kind's fields are carried by both renderings, so event -> text -> event and
+event -> JSON -> event give the same fields (durations to the text's three
+decimals). A few kinds also carry details only a JSON line has room for (EXTRAS:
+an import's parent, a stall's list of chains); a text log leaves them out.
 
 Logs may come from anywhere (a shared folder, a bug report): every string an
 Event carries is printable ASCII (the rest escaped, as the writer escapes it),
 every number is finite and within bounds, and a line that claims to be ours but
 cannot be read is rejected with its reason (BadLine), never an exception of
 another kind.
+
+This module is imported by the Sink at start-up inside the traced process: it
+imports nothing at module level (the parser's re and json come on first use,
+in the watcher and the tools only).
 """
 
 from __future__ import annotations
 
-import json
-import re
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable
 
-# [importwatch PID rRANK HH:MM:SS.mmm THREAD] BODY -- rRANK only in a distributed job (RANK or
-# LOCAL_RANK set), THREAD only when not the main thread. Bounded digits: int() of thousands of
-# digits is slow or refused, and no pid or rank is that long.
-_TEXT = re.compile(
-    r"^\[importwatch (\d{1,10})(?: r(\d{1,10}))? (\d\d:\d\d:\d\d\.\d\d\d)(?: (\S+))?\] (.*)$", re.DOTALL
-)
-_NUMBER = r"(\d{1,15}(?:\.\d{1,15})?)"
-_END = re.compile(rf"^(\S+) {_NUMBER} ms(?: failed (.*))?$", re.DOTALL)
-_NATIVE_START = re.compile(r"^dlopen (.*?) \((\S+)\)(?: needs (.*))?$", re.DOTALL)
-# Phases (named by the program, spaces allowed) and blocking steps (one word, then details).
-_PHASE_END = re.compile(rf"^(.*?) {_NUMBER} ms(?: failed (.*))?$", re.DOTALL)
-_NATIVE_END = re.compile(rf"^dlopen (.*?) {_NUMBER} ms(?: failed (.*?))?(?:; (.*))?$", re.DOTALL)
-
-# An import's start (`> NAME`) or end (`< NAME 1.234 ms [failed ...]`) on a line of printable ASCII; other
-# lines, and modules whose names read as another kind's line (`> dlopen x`), take the general path.
-_IMPORT_LINE = re.compile(
-    r"^\[importwatch (\d{1,10})(?: r(\d{1,10}))? (\d\d:\d\d:\d\d\.\d\d\d)(?: (\S+))?\] ( *)([<>]) "
-    rf"(?!dlopen |phase |step )(\S+)(?: {_NUMBER} ms(?: failed (.*))?)?$"
-)
 # A line longer than this is not one of ours (the longest, a library listing, is tens of KiB).
 MAX_LINE = 1 << 20
 # Bounds on what a line of ours can say: pids and ranks, durations (a year), clock times
@@ -39,44 +36,94 @@ _MAX_ID = 1 << 31
 MAX_MS = 366 * 86400 * 1000.0
 MAX_TIME = 253402300799.0
 
-# Kinds of events, as the "kind" field of a JSON line names them.
-IMPORT = "import"
-IMPORT_END = "import_end"
-NATIVE = "native"
-NATIVE_END = "native_end"
-PHASE = "phase"
-PHASE_END = "phase_end"
-CHECKPOINT = "checkpoint"
-STEP = "step"
-STEP_END = "step_end"
-# A `! ` line: importwatch's own warnings and the verdicts on a native load (CUDA versions).
-# A text line cannot tell the two apart, so both renderings read as this one kind.
-WARNING = "warning"
-# The watcher's line when the program died with something in flight, and the lines that say the
-# program is being ended on purpose (--exit-on-stall, a parent terminating its child).
-DIED = "died"
-EXIT = "exit"
-SIGNAL = "signal"
-# Kinds a JSON line may carry that read back as another, so that both renderings agree.
-_JSON_ALIASES = {"verdict": WARNING}
-OTHER_KINDS = {
-    "start ": "start",
-    "env ": "env",
-    "torch ": "torch",
-    "STALL ": "stall",
-    "  also in flight: ": "stall_thread",
-    "RESUMED": "resumed",
-    "! ": WARNING,
-    "outside: died during import: ": DIED,
-    "outside: --exit-on-stall: ": EXIT,
-    "outside: ": "outside",
-    "  context: ": "stall_context",
-    "  busy, not stuck: ": "busy",
-    "  threads: ": "stall_threads",
-    "fork ": "fork",
-    "exiting with status ": EXIT,
-    "signal ": SIGNAL,
+# The kinds of events, as the "kind" field of a JSON line names them.
+IMPORT = "import"  # name
+IMPORT_END = "import_end"  # name, ms, error
+NATIVE = "native"  # path, owner, needs (the CUDA libraries it links)
+NATIVE_END = "native_end"  # path, ms, error, mapped (the shared objects the load brought)
+PHASE = "phase"  # name
+PHASE_END = "phase_end"  # name, ms, error
+CHECKPOINT = "checkpoint"  # name
+STEP = "step"  # name, detail
+STEP_END = "step_end"  # name, ms, error
+VERDICT = "verdict"  # verdict: what is wrong with a native load, a blocking step or the driver
+WARNING = "warning"  # message: importwatch's own trouble (a log it cannot open, an internal error)
+START = "start"  # python, executable, argv, cwd, platform, dumps
+ENV = "env"  # message (the relevant variables)
+TORCH = "torch"  # message (its version, build and place)
+STALL = "stall"  # seconds, stalled (the thread), chain (what it has in flight)
+STALL_THREAD = "stall_thread"  # chain: another thread in flight at a stall
+STALL_CONTEXT = "stall_context"  # context
+STALL_THREADS = "stall_threads"  # threads: faulthandler's addresses and their names
+BUSY = "busy"  # message
+RESUMED = "resumed"  # message
+OUTSIDE = "outside"  # message: the watcher's look from outside
+DIED = "died"  # message: the watcher's line when the program died with something in flight
+EXIT = "exit"  # status (None: the watcher ends the program), message: ended on purpose
+FORK = "fork"  # parent (pid)
+SIGNAL = "signal"  # signal, child (pid), via: a parent signals its child
+OTHER = "other"  # message: a line of ours of no kind known here (a newer version's)
+
+KINDS = frozenset(
+    (IMPORT, IMPORT_END, NATIVE, NATIVE_END, PHASE, PHASE_END, CHECKPOINT, STEP, STEP_END, VERDICT, WARNING)
+) | frozenset((START, ENV, TORCH, STALL, STALL_THREAD, STALL_CONTEXT, STALL_THREADS, BUSY, RESUMED, OUTSIDE))
+KINDS |= frozenset((DIED, EXIT, FORK, SIGNAL, OTHER))
+# Kinds whose text line is indented by the event's depth in its thread.
+NESTED = frozenset((IMPORT, IMPORT_END, NATIVE, NATIVE_END, PHASE, PHASE_END, CHECKPOINT, STEP, STEP_END))
+# What only a JSON line carries, per kind (see the module's docstring). No field may be named as a
+# JSON line's own keys (time, pid, thread, rank, kind, text): the Sink writes those.
+EXTRAS = {
+    IMPORT: ("parent", "waits_for", "origin"),
+    IMPORT_END: ("parent",),
+    NATIVE_END: ("owner", "needs"),
+    VERDICT: ("path",),
+    PHASE: ("timeout",),
+    ENV: ("env",),
+    TORCH: ("version", "cuda", "path", "driver"),
+    STALL: ("chains", "report"),
+    BUSY: ("cpu",),
+    RESUMED: ("name", "seconds"),
+    OUTSIDE: ("verdict", "thread_name", "tid", "mapped"),
+    DIED: ("status", "chain"),
 }
+
+# Kinds that are one line of prose after a fixed head, and the field that holds the prose.
+_PROSE = {
+    ENV: ("env ", "message"),
+    TORCH: ("torch ", "message"),
+    STALL_THREAD: ("  also in flight: ", "chain"),
+    STALL_CONTEXT: ("  context: ", "context"),
+    STALL_THREADS: ("  threads: ", "threads"),
+    BUSY: ("  busy, not stuck: ", "message"),
+    RESUMED: ("RESUMED", "message"),
+    OUTSIDE: ("outside: ", "message"),
+    DIED: ("outside: died during import: ", "message"),
+    VERDICT: ("! ", "verdict"),
+    WARNING: ("! importwatch: ", "message"),
+    OTHER: ("", "message"),
+}
+# The watcher's form of EXIT (status None): it ends the program from outside.
+_EXIT_OUTSIDE = "outside: --exit-on-stall: "
+# Heads of the lines that are not nested, longest match first where one head begins another.
+_HEADS = (
+    ("! importwatch: ", WARNING),
+    ("! ", VERDICT),
+    ("start ", START),
+    ("env ", ENV),
+    ("torch ", TORCH),
+    ("STALL ", STALL),
+    ("  also in flight: ", STALL_THREAD),
+    ("RESUMED", RESUMED),
+    ("outside: died during import: ", DIED),
+    (_EXIT_OUTSIDE, EXIT),
+    ("outside: ", OUTSIDE),
+    ("  context: ", STALL_CONTEXT),
+    ("  busy, not stuck: ", BUSY),
+    ("  threads: ", STALL_THREADS),
+    ("fork child of ", FORK),
+    ("exiting with status ", EXIT),
+    ("signal ", SIGNAL),
+)
 
 
 class BadLine(ValueError):
@@ -90,10 +137,97 @@ def clean(text: str) -> str:
     return text.encode("unicode_escape").decode("ascii")
 
 
-class Event:
-    """One line of a log, whichever format it was written in."""
+# -- rendering ---------------------------------------------------------------------------------
+def _ended(fields: dict) -> str:
+    """The tail of an end line: ` 1.234 ms`, then ` failed ERROR` when it failed."""
+    error = fields.get("error")
+    tail = f" {fields['ms']:.3f} ms"
+    return tail if error is None else f"{tail} failed {error}"
 
-    __slots__ = ("clock", "depth", "error", "kind", "ms", "name", "pid", "rank", "text", "thread", "time")
+
+def _native(fields: dict) -> str:
+    needs = fields.get("needs")
+    return f"> dlopen {fields['path']} ({fields['owner']})" + (f" needs {', '.join(needs)}" if needs else "")
+
+
+def _native_end(fields: dict) -> str:
+    mapped = fields.get("mapped")
+    listing = f"; mapped {len(mapped)} new: {', '.join(mapped)}" if mapped else ""
+    return f"< dlopen {fields['path']}{_ended(fields)}{listing}"
+
+
+def _start(fields: dict) -> str:
+    text = (
+        f"start python {fields['python']} {fields['executable']} argv={fields['argv']!r} cwd={fields['cwd']}"
+    )
+    for key in ("platform", "dumps"):  # platform: not in the lines of older versions
+        if fields.get(key) is not None:
+            text += f" {key}={fields[key]}"
+    return text
+
+
+def _exit(fields: dict) -> str:
+    status = fields.get("status")
+    if status is None:
+        return _EXIT_OUTSIDE + fields["message"]
+    return f"exiting with status {status} ({fields['message']})"
+
+
+_RENDER: dict[str, Callable[[dict], str]] = {
+    IMPORT: lambda f: f"> {f['name']}",
+    IMPORT_END: lambda f: f"< {f['name']}{_ended(f)}",
+    NATIVE: _native,
+    NATIVE_END: _native_end,
+    PHASE: lambda f: f"> phase {f['name']}",
+    PHASE_END: lambda f: f"< phase {f['name']}{_ended(f)}",
+    CHECKPOINT: lambda f: f"checkpoint {f['name']}",
+    STEP: lambda f: f"> step {f['name']} {f['detail']}",
+    STEP_END: lambda f: f"< step {f['name']}{_ended(f)}",
+    START: _start,
+    STALL: lambda f: f"STALL {f['seconds']:.1f} s without progress; in flight: {f['stalled']}: {f['chain']}",
+    EXIT: _exit,
+    FORK: lambda f: f"fork child of {f['parent']}",
+    SIGNAL: lambda f: f"signal {f['signal']} to child {f['child']} ({f['via']})",
+}
+
+
+def render(kind: str, fields: dict, depth: int = 0) -> str:
+    """The body of KIND's text line for FIELDS (not yet escaped: the Sink escapes it).
+
+    The import hook renders its own two lines inline, as these would (see tracing/hook.py).
+    """
+    made = _RENDER.get(kind)
+    if made is not None:
+        body = made(fields)
+    else:
+        head, key = _PROSE.get(kind, _PROSE[OTHER])
+        body = head + fields[key]
+    return "  " * depth + body if kind in NESTED else body
+
+
+# -- the events read back ----------------------------------------------------------------------
+class Event:
+    """One line of a log, whichever format it was written in.
+
+    The fields of the model are `name` (a module's, a phase's or a step's name, or the
+    path of a native load), `ms` and `error` as attributes, the rest in `fields`; data()
+    gives them all as the writer passed them.
+    """
+
+    __slots__ = (
+        "clock",
+        "depth",
+        "error",
+        "fields",
+        "kind",
+        "ms",
+        "name",
+        "pid",
+        "rank",
+        "text",
+        "thread",
+        "time",
+    )
 
     def __init__(self, kind: str, pid: int, thread: str, text: str) -> None:
         self.kind = kind
@@ -103,13 +237,35 @@ class Event:
         self.clock = ""  # HH:MM:SS.mmm (text logs)
         self.time: float | None = None  # seconds since the epoch (JSON logs)
         self.name = ""  # module name, or the file path of a native load
-        self.depth = 0  # nesting in its thread, from the indentation (text logs)
+        self.depth = 0  # nesting in its thread
         self.ms: float | None = None
         self.error: str | None = None
         self.rank: int | None = None  # in a distributed job
+        self.fields: dict[str, Any] = {}
 
     def __repr__(self) -> str:
         return f"Event({self.kind!r}, {self.pid}, {self.thread!r}, {self.name or self.text!r})"
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """One field of the event (name, path, ms and error included)."""
+        if key in ("name", "path"):
+            return self.name or default
+        if key in ("ms", "error"):
+            value = getattr(self, key)
+            return default if value is None else value
+        return self.fields.get(key, default)
+
+    def data(self) -> dict[str, Any]:
+        """Every field of the event, keyed as the writer passed them."""
+        data: dict[str, Any] = {}
+        if self.name:
+            data["path" if self.kind in (NATIVE, NATIVE_END) else "name"] = self.name
+        if self.ms is not None:
+            data["ms"] = self.ms
+        if self.error is not None:
+            data["error"] = self.error
+        data.update(self.fields)
+        return data
 
 
 def parse_line(line: str) -> Event | None:
@@ -120,52 +276,33 @@ def parse_line(line: str) -> Event | None:
         return None
 
 
+_parser: _Parser | None = None
+
+
 def read_line(line: str) -> Event | None:
     """The event on LINE; None for a line that is not ours (a faulthandler dump, program output).
 
     BadLine for one that claims to be ours and cannot be read: malformed JSON, nesting
     too deep, NaN or out-of-range numbers, fields of the wrong type, an overlong line.
     """
+    parser = _parser or _make_parser()
     if line[-1:] in ("\n", "\r"):
         line = line.rstrip("\r\n")
     if line[:1] == "{":
         if len(line) > MAX_LINE:
             raise BadLine("overlong line")
-        return _parse_json(line)
+        return parser.json_line(line)
     if not line.startswith("[importwatch "):
         return None
     if len(line) > MAX_LINE:
         raise BadLine("overlong line")
-    # Most lines of a log are an import's start or end in printable ASCII: one match reads them.
-    match = _IMPORT_LINE.match(line) if line.isascii() and line.isprintable() else None
-    if match is not None:
-        pid, rank, clock, thread, indent, marker, name, ms, error = match.groups()
-        if (marker == ">") == (ms is None):
-            event = Event(
-                IMPORT if ms is None else IMPORT_END, _bounded(int(pid)), thread or "MainThread", ""
-            )
-            event.text = line[match.start(5) :]
-            event.name = name
-            event.clock = clock
-            event.depth = len(indent) // 2
-            if ms is not None:
-                event.ms = _ms(ms)
-                event.error = error
-            if rank is not None:
-                event.rank = _bounded(int(rank))
-            return event
-    match = _TEXT.match(line)
-    if match is None:
-        raise BadLine("a malformed [importwatch ...] prefix")
-    pid, rank, clock, thread, body = match.groups()
-    if not (body.isascii() and body.isprintable()):
-        body = clean(body)
-    stripped = body.lstrip(" ")
-    event = _parse_body(stripped, _bounded(int(pid)), clean(thread) if thread else "MainThread", body)
-    event.clock = clock
-    event.rank = _bounded(int(rank)) if rank is not None else None
-    event.depth = (len(body) - len(stripped)) // 2
-    return event
+    return parser.text_line(line)
+
+
+def _make_parser() -> _Parser:
+    global _parser
+    _parser = _Parser()
+    return _parser
 
 
 def _bounded(number: int) -> int:
@@ -181,105 +318,288 @@ def _ms(text: str) -> float:
     return value
 
 
-def _parse_body(body: str, pid: int, thread: str, text: str) -> Event:
-    marker, _, rest = body.partition(" ")
-    if marker == ">" and rest.startswith("dlopen "):
-        match = _NATIVE_START.match(rest)
-        event = Event(NATIVE, pid, thread, text)
-        event.name = match.group(1) if match else rest[len("dlopen ") :]
-        return event
-    if marker == "<" and rest.startswith("dlopen "):
-        event = Event(NATIVE_END, pid, thread, text)
-        match = _NATIVE_END.match(rest)
-        if match is None:
-            raise BadLine("an end line without its duration")
-        event.name, event.ms, event.error = match.group(1), _ms(match.group(2)), match.group(3)
-        return event
-    # A module may be called phase or step: its end line `< phase 1.2 ms` reads as an import's.
-    if marker in (">", "<") and rest.startswith(("phase ", "step ")) and not _END.match(rest):
-        return _parse_phase_or_step(marker, rest, pid, thread, text)
-    if marker == "checkpoint":
-        event = Event(CHECKPOINT, pid, thread, text)
-        event.name = rest
-        return event
-    if marker == ">":
-        event = Event(IMPORT, pid, thread, text)
-        event.name = rest
-        return event
-    if marker == "<":
-        event = Event(IMPORT_END, pid, thread, text)
-        match = _END.match(rest)
-        if match is None:
-            raise BadLine("an end line without its duration")
-        event.name, event.ms, event.error = match.group(1), _ms(match.group(2)), match.group(3)
-        return event
-    for prefix, kind in OTHER_KINDS.items():
-        if text.startswith(prefix):
-            return Event(kind, pid, thread, text)
-    return Event("other", pid, thread, text)
-
-
-def _parse_phase_or_step(marker: str, rest: str, pid: int, thread: str, text: str) -> Event:
-    """`> phase NAME`, `< phase NAME 1.2 ms [failed ...]`, `> step NAME DETAILS`, `< step NAME 1.2 ms ...`."""
-    what, _, rest = rest.partition(" ")
-    if marker == ">":
-        event = Event(what, pid, thread, text)
-        event.name = rest if what == PHASE else rest.partition(" ")[0]
-        return event
-    event = Event(f"{what}_end", pid, thread, text)
-    match = (_PHASE_END if what == PHASE else _END).match(rest)
-    if match is None:
-        raise BadLine("an end line without its duration")
-    event.name, event.ms, event.error = match.group(1), _ms(match.group(2)), match.group(3)
-    return event
-
-
 def _no_constant(name: str) -> None:
     raise BadLine(f"{name} in a JSON line")
 
 
-# NaN and Infinity are not JSON: refused as they are read. The scanner alone, not json.loads:
-# one call per line, nothing else (a log holds millions).
-_scan = json.JSONDecoder(parse_constant=_no_constant).scan_once
+class _Parser:
+    """The regular expressions and the JSON scanner, made on the first line read (see the docstring)."""
+
+    def __init__(self) -> None:
+        import json
+        import re
+
+        # [importwatch PID rRANK HH:MM:SS.mmm THREAD] BODY -- rRANK only in a distributed job (RANK or
+        # LOCAL_RANK set), THREAD only when not the main thread. Bounded digits: int() of thousands of
+        # digits is slow or refused, and no pid or rank is that long.
+        self.prefix = re.compile(
+            r"^\[importwatch (\d{1,10})(?: r(\d{1,10}))? (\d\d:\d\d:\d\d\.\d\d\d)(?: (\S+))?\] (.*)$",
+            re.DOTALL,
+        )
+        number = r"(\d{1,15}(?:\.\d{1,15})?)"
+        # An import's start (`> NAME`) or end (`< NAME 1.234 ms [failed ...]`) on a line of printable
+        # ASCII; other lines, and modules whose names read as another kind's line (`> dlopen x`), take
+        # the general path.
+        self.import_line = re.compile(
+            r"^\[importwatch (\d{1,10})(?: r(\d{1,10}))? (\d\d:\d\d:\d\d\.\d\d\d)(?: (\S+))?\] ( *)([<>]) "
+            rf"(?!dlopen |phase |step )(\S+)(?: {number} ms(?: failed (.*))?)?$"
+        )
+        self.end = re.compile(rf"^(\S+) {number} ms(?: failed (.*))?$", re.DOTALL)
+        # Phases are named by the program (spaces allowed).
+        self.phase_end = re.compile(rf"^(.*?) {number} ms(?: failed (.*))?$", re.DOTALL)
+        self.native = re.compile(r"^(.*?) \((\S+)\)(?: needs (.*))?$", re.DOTALL)
+        self.native_end = re.compile(
+            rf"^(.*?) {number} ms(?: failed (.*?))?(?:; mapped (\d{{1,9}}) new: (.*))?$", re.DOTALL
+        )
+        self.start = re.compile(
+            r"^python (\S+) (.*?) argv=(\[.*\]) cwd=(.*?)(?: platform=(\S+))?(?: dumps=(.*))?$", re.DOTALL
+        )
+        # (Without "without progress" in the lines of older versions.)
+        self.stall = re.compile(rf"^{number} s(?: without progress)?; in flight: (\S+?): (.*)$", re.DOTALL)
+        self.exit = re.compile(r"^(\d{1,10}) \((.*)\)$", re.DOTALL)
+        self.signal = re.compile(r"^(\S+) to child (\d{1,10}) \((.*)\)$", re.DOTALL)
+        # NaN and Infinity are not JSON: refused as they are read. The scanner alone, not json.loads:
+        # one call per line, nothing else (a log holds millions).
+        self.scan = json.JSONDecoder(parse_constant=_no_constant).scan_once
+
+    # -- text lines ------------------------------------------------------------------------
+    def text_line(self, line: str) -> Event:
+        # Most lines of a log are an import's start or end in printable ASCII: one match reads them.
+        match = self.import_line.match(line) if line.isascii() and line.isprintable() else None
+        if match is not None:
+            pid, rank, clock, thread, indent, marker, name, ms, error = match.groups()
+            if (marker == ">") == (ms is None):
+                event = Event(
+                    IMPORT if ms is None else IMPORT_END, _bounded(int(pid)), thread or "MainThread", ""
+                )
+                event.text = line[match.start(5) :]
+                event.name = name
+                event.clock = clock
+                event.depth = len(indent) // 2
+                if ms is not None:
+                    event.ms = _ms(ms)
+                    event.error = error
+                if rank is not None:
+                    event.rank = _bounded(int(rank))
+                return event
+        match = self.prefix.match(line)
+        if match is None:
+            raise BadLine("a malformed [importwatch ...] prefix")
+        pid, rank, clock, thread, body = match.groups()
+        if not (body.isascii() and body.isprintable()):
+            body = clean(body)
+        event = Event(OTHER, _bounded(int(pid)), clean(thread) if thread else "MainThread", body)
+        self.body(event, body)
+        event.clock = clock
+        event.rank = _bounded(int(rank)) if rank is not None else None
+        return event
+
+    def body(self, event: Event, body: str) -> None:
+        """Set EVENT's kind, depth and fields from the body of its text line."""
+        stripped = body.lstrip(" ")
+        marker, _, rest = stripped.partition(" ")
+        if marker in (">", "<", "checkpoint"):
+            event.depth = (len(body) - len(stripped)) // 2
+            self._nested(event, marker, rest)
+            return
+        for head, kind in _HEADS:
+            if body.startswith(head):
+                event.kind = kind
+                self._other(event, kind, body[len(head) :])
+                return
+        event.fields = {"message": body}
+
+    def _nested(self, event: Event, marker: str, rest: str) -> None:
+        if marker == "checkpoint":
+            event.kind, event.name = CHECKPOINT, rest
+        elif rest.startswith("dlopen "):
+            rest = rest[len("dlopen ") :]
+            if marker == ">":
+                event.kind = NATIVE
+                match = self.native.match(rest)
+                if match is None:
+                    raise BadLine("a native load without its owner")
+                event.name, owner, needs = match.groups()
+                event.fields = {"owner": owner, "needs": needs.split(", ")} if needs else {"owner": owner}
+            else:
+                event.kind = NATIVE_END
+                match = self.native_end.match(rest)
+                if match is None:
+                    raise BadLine("an end line without its duration")
+                event.name, event.ms, event.error = match.group(1), _ms(match.group(2)), match.group(3)
+                if match.group(5) is not None:
+                    event.fields = {"mapped": match.group(5).split(", ")}
+        # A module may be called phase or step: its end line `< phase 1.2 ms` reads as an import's.
+        elif rest.startswith(("phase ", "step ")) and not (marker == "<" and self.end.match(rest)):
+            what, _, rest = rest.partition(" ")
+            if marker == ">":
+                event.kind = what
+                if what == STEP:
+                    event.name, _, detail = rest.partition(" ")
+                    event.fields = {"detail": detail}
+                else:
+                    event.name = rest
+            else:
+                event.kind = f"{what}_end"
+                self._ended(event, (self.phase_end if what == PHASE else self.end).match(rest))
+        elif marker == ">":
+            event.kind, event.name = IMPORT, rest
+        else:
+            event.kind = IMPORT_END
+            self._ended(event, self.end.match(rest))
+
+    @staticmethod
+    def _ended(event: Event, match: Any) -> None:
+        if match is None:
+            raise BadLine("an end line without its duration")
+        event.name, event.ms, event.error = match.group(1), _ms(match.group(2)), match.group(3)
+
+    def _other(self, event: Event, kind: str, rest: str) -> None:
+        """The fields of a line that is not nested; REST is what follows its head."""
+        if kind in _PROSE:
+            event.fields = {_PROSE[kind][1]: rest}
+            return
+        fields: dict[str, Any] | None = None
+        if kind == START:
+            fields = self._start(rest)
+        elif kind == STALL:
+            match = self.stall.match(rest)
+            if match is not None:
+                seconds, thread, chain = match.groups()
+                fields = {"seconds": _ms(seconds), "stalled": thread, "chain": chain}
+        elif kind == EXIT:
+            match = self.exit.match(rest)
+            if event.text.startswith(_EXIT_OUTSIDE):
+                fields = {"status": None, "message": rest}
+            elif match is not None:
+                fields = {"status": int(match.group(1)), "message": match.group(2)}
+        elif kind == FORK:
+            if rest.isdigit() and len(rest) <= 10:
+                fields = {"parent": _bounded(int(rest))}
+        else:  # SIGNAL
+            match = self.signal.match(rest)
+            if match is not None:
+                fields = {
+                    "signal": match.group(1),
+                    "child": _bounded(int(match.group(2))),
+                    "via": match.group(3),
+                }
+        if fields is None:  # not as we write it (an older version's line, or a forged one)
+            event.kind, fields = OTHER, {"message": event.text}
+        event.fields = fields
+
+    def _start(self, rest: str) -> dict[str, Any] | None:
+        import ast
+
+        match = self.start.match(rest)
+        if match is None:
+            return None
+        python, executable, argv, cwd, platform, dumps = match.groups()
+        try:  # the repr of a list of strings, as the banner wrote it: nothing else is accepted
+            words = ast.literal_eval(argv)
+        except (ValueError, SyntaxError, MemoryError, RecursionError, TypeError):
+            return None
+        if not isinstance(words, list) or not all(type(word) is str for word in words):
+            return None
+        fields = {"python": python, "executable": executable, "argv": [clean(w) for w in words], "cwd": cwd}
+        if platform is not None:
+            fields["platform"] = platform
+        if dumps is not None:
+            fields["dumps"] = dumps
+        return fields
+
+    # -- JSON lines ------------------------------------------------------------------------
+    def json_line(self, line: str) -> Event:
+        try:
+            record, end = self.scan(line, 0)
+        except StopIteration:
+            raise BadLine("malformed JSON") from None
+        except RecursionError:
+            raise BadLine("JSON nested too deeply") from None
+        except ValueError as error:  # malformed, or an integer of too many digits
+            raise BadLine(str(error) if isinstance(error, BadLine) else "malformed JSON") from None
+        if end != len(line) and line[end:].strip():
+            raise BadLine("text after the JSON object")
+        if not isinstance(record, dict):
+            raise BadLine("a JSON line that is not an object")
+        kind, pid = record.get("kind"), record.get("pid")
+        if not isinstance(kind, str) or type(pid) is not int or not 0 <= pid < _MAX_ID:
+            raise BadLine("a JSON line without a kind and a pid")
+        when = record.get("time")
+        if type(when) not in (int, float) or not 0 <= when <= MAX_TIME:  # NaN fails this too
+            raise BadLine("a JSON line without a valid time")
+        text = _string(record, "text") or ""
+        event = Event(OTHER, pid, _string(record, "thread") or "MainThread", text)
+        # The text line's fields first (a log of an older version may hold no more), then the
+        # JSON's own, which are exact (durations to the nanosecond) and include the extras.
+        try:
+            self.body(event, text)
+        except BadLine:
+            event.fields = {}
+        event.kind = clean(kind)
+        event.time = float(when)
+        for key, value in record.items():
+            if key not in _HEADER:
+                _take(event, key, value)
+        rank = record.get("rank")
+        if rank is not None:
+            if type(rank) is not int or not 0 <= rank < _MAX_ID:
+                raise BadLine("a JSON line with an invalid rank")
+            event.rank = rank
+        if event.kind in KINDS:  # readers may render it again: its fields must fit its kind
+            try:
+                render(event.kind, event.data())
+            except (KeyError, TypeError, ValueError):  # not as we write it, as _other() says of text lines
+                event.kind, event.fields = OTHER, {"message": text}
+                event.name, event.ms, event.error = "", None, None
+        return event
 
 
-def _parse_json(line: str) -> Event | None:
-    try:
-        record, end = _scan(line, 0)
-    except StopIteration:
-        raise BadLine("malformed JSON") from None
-    except RecursionError:
-        raise BadLine("JSON nested too deeply") from None
-    except ValueError as error:  # malformed, or an integer of too many digits
-        raise BadLine(str(error) if isinstance(error, BadLine) else "malformed JSON") from None
-    if end != len(line) and line[end:].strip():
-        raise BadLine("text after the JSON object")
-    if not isinstance(record, dict):
-        raise BadLine("a JSON line that is not an object")
-    kind, pid = record.get("kind"), record.get("pid")
-    if not isinstance(kind, str) or type(pid) is not int or not 0 <= pid < _MAX_ID:
-        raise BadLine("a JSON line without a kind and a pid")
-    when = record.get("time")
-    if type(when) not in (int, float) or not 0 <= when <= MAX_TIME:  # NaN fails this too
-        raise BadLine("a JSON line without a valid time")
-    text = _string(record, "text") or ""
-    thread = _string(record, "thread") or "MainThread"
-    event = Event(_JSON_ALIASES.get(kind, clean(kind)), pid, thread, text)
-    event.time = float(when)
-    event.name = _string(record, "name") or _string(record, "path") or ""
-    ms = record.get("ms")
-    if ms is not None:
-        if type(ms) not in (int, float) or not 0 <= ms <= MAX_MS:
+_HEADER = frozenset(("time", "pid", "thread", "rank", "kind", "text"))
+
+
+def _take(event: Event, key: str, value: Any) -> None:
+    """A field of a JSON line onto EVENT, checked as untrusted input."""
+    if key == "name" or (key == "path" and event.kind in (NATIVE, NATIVE_END)):
+        event.name = _checked_string(key, value)
+    elif key == "ms":
+        if type(value) not in (int, float) or not 0 <= value <= MAX_MS:
             raise BadLine("a JSON line with an invalid duration")
-        event.ms = float(ms)
-    event.error = _string(record, "error")
-    rank = record.get("rank")
-    if rank is not None:
-        if type(rank) is not int or not 0 <= rank < _MAX_ID:
-            raise BadLine("a JSON line with an invalid rank")
-        event.rank = rank
-    event.depth = (len(text) - len(text.lstrip(" "))) // 2
-    return event
+        event.ms = float(value)
+    elif key == "error":
+        event.error = None if value is None else _checked_string(key, value)
+    else:
+        taken = _plain(value)
+        if taken is not _SKIP:
+            event.fields[clean(key)] = taken
+
+
+_SKIP = object()
+
+
+def _plain(value: Any) -> Any:
+    """VALUE as an event's field may hold it: ASCII strings, finite numbers, lists and maps of
+    strings; _SKIP for anything else (a newer version's field, or a forged one)."""
+    kind = type(value)
+    if kind is str:
+        return clean(value)
+    if value is None or kind is bool:
+        return value
+    if kind is int:
+        return value if -(1 << 63) <= value < 1 << 63 else _SKIP
+    if kind is float:
+        return value if value - value == 0 else _SKIP  # 1e999 reads as infinity
+    if kind is list and all(type(item) is str for item in value):
+        return [clean(item) for item in value]
+    if kind is dict and all(type(item) is str for item in value.values()):
+        return {clean(key): clean(item) for key, item in value.items()}
+    return _SKIP
+
+
+def _checked_string(key: str, value: Any) -> str:
+    if type(value) is not str:
+        raise BadLine(f"a JSON line whose {key} is not a string")
+    return clean(value)
 
 
 def _string(record: dict, key: str) -> str | None:
@@ -287,6 +607,4 @@ def _string(record: dict, key: str) -> str | None:
     value = record.get(key)
     if value is None:
         return None
-    if type(value) is not str:
-        raise BadLine(f"a JSON line whose {key} is not a string")
-    return value if value.isascii() and value.isprintable() else clean(value)
+    return _checked_string(key, value)

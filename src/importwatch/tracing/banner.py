@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import sys
 
+from importwatch.events import ENV, START, TORCH, VERDICT
 from importwatch.facts.cuda import describe_torch, driver_verdicts, gpus
 
 TYPE_CHECKING = False
@@ -101,19 +102,17 @@ def write_banner(sink: Sink, argv: list[str]) -> None:
     version = ".".join(str(part) for part in sys.version_info[:3])
     system = os.uname()  # not the platform module: it costs milliseconds at start-up
     where = f"{system.sysname}-{system.release}-{system.machine}"
-    text = f"start python {version} {sys.executable} argv={argv!r} cwd={cwd} platform={where}"
     fields = {"python": version, "executable": sys.executable, "argv": argv, "cwd": cwd, "platform": where}
     if sink.dump_fd() != sink.stderr.fd:
         # A stall that holds the GIL (a dlopen) can only be dumped by faulthandler, to one file: the
         # log. Said now, on the terminal too, since nothing of ours can speak there at that moment.
-        text += f" dumps={sink.log_path}"
         fields["dumps"] = sink.log_path
-    sink.event("start", text, fields)
+    sink.event(START, fields)
     variables = relevant_environment()
     text = " ".join(f"{name}={value}" for name, value in variables.items())
     if not text:
         text = "(no CUDA, library path or distributed variable is set)"
-    sink.event("env", f"env {text}", {"env": variables})
+    sink.event(ENV, {"message": text, "env": variables})
 
 
 def torch_loaded(sink: Sink, torch: Any) -> None:
@@ -123,9 +122,8 @@ def torch_loaded(sink: Sink, torch: Any) -> None:
     build = f"built for CUDA {cuda}" if cuda else "CPU build, no CUDA"
     where = os.path.dirname(getattr(torch, "__file__", "") or "") or "?"
     sink.event(
-        "torch",
-        f"torch {version} ({build}) at {where}",
-        {"version": str(version), "cuda": cuda, "path": where},
+        TORCH,
+        {"message": f"{version} ({build}) at {where}", "version": str(version), "cuda": cuda, "path": where},
     )
 
 
@@ -135,10 +133,8 @@ def torch_before(sink: Sink, facts: TorchFacts | None, driver: str | None) -> No
         return
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     line = describe_torch(facts, driver, gpus(), visible)
-    sink.event(
-        "torch",
-        f"{line} (from its files, before import)",
-        {"version": facts.version, "cuda": facts.cuda, "path": facts.path, "driver": driver},
-    )
+    fields = {"version": facts.version, "cuda": facts.cuda, "path": facts.path, "driver": driver}
+    # describe_torch's line starts with the word torch, the kind's head.
+    sink.event(TORCH, {"message": f"{line.removeprefix('torch ')} (from its files, before import)", **fields})
     for verdict in driver_verdicts(facts, driver):
-        sink.event("verdict", f"! {verdict}", {"verdict": verdict})
+        sink.event(VERDICT, {"verdict": verdict})

@@ -20,6 +20,7 @@ import os
 import sys
 import time
 
+from importwatch.events import SIGNAL, STEP, STEP_END, VERDICT  # loaded at start-up, by the Sink
 from importwatch.tracing.banner import mask_environment
 
 TYPE_CHECKING = False
@@ -94,25 +95,20 @@ class BlockingSteps:
         tracer = self.tracer
         frame, depth = tracer.push(f"step {name}", "step")
         frame.context = context
-        indent = "  " * depth
-        self.sink.event("step", f"{indent}> step {name} {detail}", {"name": name, "detail": detail})
+        self.sink.event(STEP, {"name": name, "detail": detail}, depth)
         for problem in problems:
-            self.sink.warn(f"{name}: {problem}")
+            self.sink.event(VERDICT, {"verdict": f"{name}: {problem}"})
         try:
             result = function(*args, **kwargs)
         except BaseException as error:
             now = tracer.pop(frame)
             ms = (now - frame.start) * 1000.0
-            message = f"{type(error).__name__}: {error}"
             self.sink.event(
-                "step_end",
-                f"{indent}< step {name} {ms:.3f} ms failed {message}",
-                {"name": name, "ms": ms, "error": message},
+                STEP_END, {"name": name, "ms": ms, "error": f"{type(error).__name__}: {error}"}, depth
             )
             raise
         now = tracer.pop(frame)
-        ms = (now - frame.start) * 1000.0
-        self.sink.event("step_end", f"{indent}< step {name} {ms:.3f} ms", {"name": name, "ms": ms})
+        self.sink.event(STEP_END, {"name": name, "ms": (now - frame.start) * 1000.0}, depth)
         return result
 
     # -- multiprocessing's terminate and kill -------------------------------------------
@@ -134,9 +130,7 @@ class BlockingSteps:
         def note(sent: tuple[int, int]) -> None:
             # A number the signal module does not name stays one word: report reads the line back.
             pid, name = sent[0], signal_name(sent[1], unknown="{}")
-            sink.event(
-                "signal", f"signal {name} to child {pid} (multiprocessing)", {"signal": name, "child": pid}
-            )
+            sink.event(SIGNAL, {"signal": name, "child": pid, "via": "multiprocessing"})
 
         def _send_signal(self: Any, sig: int) -> Any:
             if self.returncode is None:  # as the original: a child already reaped is not signalled

@@ -29,9 +29,9 @@ import sys
 import time
 import types
 
+from importwatch.events import IMPORT, IMPORT_END
 from importwatch.tracing.forklocks import forgotten_in_parent, note_locks_at_fork, owner_text
 from importwatch.tracing.hook import WAITING, TracedStep, as_importlib_frame
-from importwatch.tracing.sink import escape
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -116,8 +116,7 @@ class Doors:
         sink = tracer.sink
         stack, fresh = tracer.thread_stack()
         parent = stack[-1].name if stack else None
-        indent = "  " * len(stack)
-        shown = escape(frame.name)
+        depth = len(stack)
         stack.append(frame)
         if fresh and tracer.on_deadline is not None:
             tracer.on_deadline(None)
@@ -126,7 +125,7 @@ class Doors:
             fields["waits_for"] = owner_text(frame.name, frame.owner, sink.thread_name)
         if frame.origin is not None:
             fields["origin"] = frame.origin
-        sink.event("import", f"{indent}> {shown}", fields)
+        sink.event(IMPORT, fields, depth)
         failure = None
         try:
             return function(*args)
@@ -137,11 +136,9 @@ class Doors:
             now = tracer.pop(frame)
             ms = (now - frame.start) * 1000.0
             fields = {"name": frame.name, "parent": parent, "ms": ms}
-            if failure is None:
-                sink.event("import_end", f"{indent}< {shown} {ms:.3f} ms", fields)
-            else:
+            if failure is not None:
                 fields["error"] = failure
-                sink.event("import_end", f"{indent}< {shown} {ms:.3f} ms failed {failure}", fields)
+            sink.event(IMPORT_END, fields, depth)
 
     # -- waits for a module still initialising ---------------------------------------------
     def _make_wait(self, original: Callable) -> Callable:

@@ -20,6 +20,7 @@ import sys
 import time
 import types
 
+from importwatch.events import IMPORT_END
 from importwatch.tracing.forklocks import owner_text
 from importwatch.tracing.sink import escape
 
@@ -224,7 +225,8 @@ class Tracer:
             indent = "  " * len(stack)
             frame = TracedStep(name, clock())
             stack.append(frame)
-            # The fields are only made when a JSON log will write them.
+            # The two lines are rendered here as events.render would (no call per line on this path;
+            # tests/test_events.py reads them back); the fields are only made when a JSON log writes them.
             emit(
                 "import", f"{indent}> {shown}", {"name": name, "parent": parent} if sink.structured else None
             )
@@ -252,7 +254,7 @@ class Tracer:
                     emit("import_end", f"{indent}< {shown} {ms:.3f} ms", fields)
                 else:  # an exception's text may need escaping
                     fields = {"name": name, "parent": parent, "ms": ms, "error": failure}
-                    sink.event("import_end", f"{indent}< {shown} {ms:.3f} ms failed {failure}", fields)
+                    sink.event(IMPORT_END, fields, len(indent) // 2)
                 if now >= tracer.progress_due and tracer.on_progress is not None:
                     tracer.on_progress(now)
             hook = on_end.get(name)

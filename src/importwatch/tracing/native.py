@@ -13,6 +13,7 @@ import _frozen_importlib_external as _external
 import os
 import sys
 
+from importwatch.events import NATIVE, NATIVE_END, VERDICT
 from importwatch.facts.cuda import driver_version, explain_load_error, find_torch, native_verdicts
 from importwatch.facts.elf import cuda_needs, library_stem, read_dynamic
 from importwatch.facts.loaded import LoadedObjects
@@ -135,28 +136,26 @@ class NativeLoads:
         """
         tracer = self.tracer
         frame, depth = tracer.push(f"dlopen {path}", "native")
-        indent = "  " * depth
         fields: dict[str, Any] = {"path": path, "owner": owner}
-        rescan = self._announce(frame, indent, fields)
+        rescan = self._announce(frame, depth, fields)
         try:
             result = _named_call(path, owner)(function, *args)
         except BaseException as error:
             now = tracer.pop(frame)
             ms = (now - frame.start) * 1000.0
-            message = f"{type(error).__name__}: {error}"
-            fields.update(ms=ms, error=message)
-            self.sink.event("native_end", f"{indent}< dlopen {path} {ms:.3f} ms failed {message}", fields)
+            fields.update(ms=ms, error=f"{type(error).__name__}: {error}")
+            self.sink.event(NATIVE_END, fields, depth)
             if isinstance(error, (ImportError, OSError)):
                 self._explain(str(error), path)
             raise
         now = tracer.pop(frame)
         ms = (now - frame.start) * 1000.0
         fields["ms"] = ms
-        listing = self._pulled_in(rescan, path, fields)
-        self.sink.event("native_end", f"{indent}< dlopen {path} {ms:.3f} ms{listing}", fields)
+        self._pulled_in(rescan, path, fields)
+        self.sink.event(NATIVE_END, fields, depth)
         return result
 
-    def _announce(self, frame: TracedStep, indent: str, fields: dict[str, Any]) -> bool:
+    def _announce(self, frame: TracedStep, depth: int, fields: dict[str, Any]) -> bool:
         """The start line and any verdict, before dlopen; True when the mapped set may grow."""
         path = fields["path"]
         try:
@@ -165,11 +164,9 @@ class NativeLoads:
         except Exception as error:  # never let our reading of the file stop the load
             self.tracer.internal_error("reading ELF", error)
             info, needs = None, []
-        needing = ""
         if needs:
             fields["needs"] = needs
-            needing = f" needs {', '.join(needs)}"
-        self.sink.event("native", f"{indent}> dlopen {path} ({fields['owner']}){needing}", fields)
+        self.sink.event(NATIVE, fields, depth)
         if self._loaded is None:
             self._start_loaded()
         try:
@@ -204,7 +201,7 @@ class NativeLoads:
             if said:
                 verdicts.insert(0, said)
         for verdict in verdicts:
-            self.sink.event("verdict", f"! {verdict}", {"path": path, "verdict": verdict})
+            self.sink.event(VERDICT, {"verdict": verdict, "path": path})
         if verdicts:
             frame.context = lambda: [f"! {verdict}" for verdict in verdicts]
 
@@ -212,7 +209,7 @@ class NativeLoads:
         torch, _ = self.torch_facts()
         cause = explain_load_error(message, path, torch)
         if cause:
-            self.sink.event("verdict", f"! {cause}", {"path": path, "verdict": cause})
+            self.sink.event(VERDICT, {"verdict": cause, "path": path})
 
     def mapped_now(self) -> list[str]:
         """The shared objects mapped in this process, as of the last look (taken now if none was)."""
@@ -223,17 +220,15 @@ class NativeLoads:
             self._objects = MappedObjects()
         return self._objects
 
-    def _pulled_in(self, rescan: bool, path: str, fields: dict[str, Any]) -> str:
-        """The shared objects this load mapped besides the file itself, as the end line's tail."""
+    def _pulled_in(self, rescan: bool, path: str, fields: dict[str, Any]) -> None:
+        """The shared objects this load mapped besides the file itself, as the end event's `mapped`."""
         try:
             new = self._new_since_last_look(rescan, path)
         except Exception as error:
             self.tracer.internal_error("listing mapped objects", error)
-            return ""
-        if not new:
-            return ""
-        fields["mapped"] = new
-        return f"; mapped {len(new)} new: {', '.join(new)}"
+            return
+        if new:
+            fields["mapped"] = new
 
     def _new_since_last_look(self, rescan: bool, path: str) -> list[str]:
         """What the loader's list gained, once the program has ctypes; else what the maps gained."""

@@ -38,8 +38,10 @@ def checkpoint(name: str) -> None:
     now = time.monotonic()
     if stack:
         stack[-1].progress = now  # a phase timed from its last progress starts again from here
-    indent = "  " * len(stack) if stack else ""
-    tracer.sink.event("checkpoint", f"{indent}checkpoint {name}", {"name": name})
+    # Imported here, not above: with tracing off this module must import nothing (the sink has it loaded).
+    from importwatch.events import CHECKPOINT
+
+    tracer.sink.event(CHECKPOINT, {"name": name}, len(stack) if stack else 0)
 
 
 # Lower case: it is used like a function, `with importwatch.phase(...)` or `@importwatch.phase(...)`.
@@ -69,9 +71,10 @@ class phase:
         if tracer is not None:
             name = str(self.name)
             frame, depth = tracer.push(f"phase {name}", "phase", self.timeout)
-            indent = "  " * depth
-            self._started = (tracer, frame, indent, name)
-            tracer.sink.event("phase", f"{indent}> phase {name}", {"name": name, "timeout": self.timeout})
+            self._started = (tracer, frame, depth, name)
+            from importwatch.events import PHASE  # see checkpoint()
+
+            tracer.sink.event(PHASE, {"name": name, "timeout": self.timeout}, depth)
         return self
 
     def __exit__(
@@ -84,18 +87,14 @@ class phase:
         if started is None:
             return
         self._started = None
-        tracer, frame, indent, name = started
+        tracer, frame, depth, name = started
         now = tracer.pop(frame)
-        ms = (now - frame.start) * 1000.0
-        if error is None:
-            tracer.sink.event("phase_end", f"{indent}< phase {name} {ms:.3f} ms", {"name": name, "ms": ms})
-            return
-        message = f"{type(error).__name__}: {error}"
-        tracer.sink.event(
-            "phase_end",
-            f"{indent}< phase {name} {ms:.3f} ms failed {message}",
-            {"name": name, "ms": ms, "error": message},
-        )
+        fields = {"name": name, "ms": (now - frame.start) * 1000.0}
+        if error is not None:
+            fields["error"] = f"{type(error).__name__}: {error}"
+        from importwatch.events import PHASE_END  # see checkpoint()
+
+        tracer.sink.event(PHASE_END, fields, depth)
 
     def __call__(self, function: Callable) -> Callable:
         """As a decorator: each call of FUNCTION runs in this phase (tracing on or off at call time)."""

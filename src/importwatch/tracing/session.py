@@ -14,6 +14,7 @@ import sys
 import time
 
 from importwatch import config
+from importwatch.events import FORK
 from importwatch.facts import procstat
 from importwatch.tracing import banner, phases
 from importwatch.tracing.doors import Doors
@@ -346,7 +347,7 @@ class Session:
             self.sink.close_log()
             self._open_log()
             self._start_faulthandler()  # its descriptor was the parent's file, now closed
-        self.sink.event("fork", f"fork child of {parent}", {"parent": parent})
+        self.sink.event(FORK, {"parent": parent})
 
 
 # sys.monitoring tools that are free for anyone's use (0-2 and 5 are the debugger's, coverage's,

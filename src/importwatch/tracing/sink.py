@@ -10,6 +10,8 @@ import stat
 import sys
 import time
 
+from importwatch.events import BUSY, DIED, EXIT, RESUMED, START, VERDICT, WARNING, render
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Callable
@@ -28,7 +30,7 @@ _STDERR = 2
 _HIGH_FD = 1024
 
 # The kinds of event that --stderr stalls still writes to stderr (besides stall* and outside*).
-_LOUD = frozenset(("start", "verdict", "warning", "resumed", "busy", "exit", "died"))
+_LOUD = frozenset((START, VERDICT, WARNING, RESUMED, BUSY, EXIT, DIED))
 
 
 # The escapes of escape() for what is not printable ASCII, as Python's unicode_escape codec writes them.
@@ -530,14 +532,16 @@ class Sink:
         self._msec = -1  # the next line makes its prefix anew
 
     # -- writing -------------------------------------------------------------
-    def event(self, kind: str, body: str, fields: dict | None = None) -> None:
-        """Write one event: BODY as a text line; KIND and FIELDS as well in a JSON log."""
+    def event(self, kind: str, fields: dict, depth: int = 0) -> None:
+        """Write one event of KIND (see events.py) with FIELDS, at DEPTH in its thread (nested kinds)."""
+        body = render(kind, fields, depth)
         if not (body.isascii() and body.isprintable()):
             body = escape(body)
         self.emit(kind, body, fields)
 
     def emit(self, kind: str, body: str, fields: dict | None = None) -> None:
-        """event() for a BODY known to be printable ASCII already: the import hook's path.
+        """event() for a BODY rendered already (events.render) and known to be printable ASCII: the
+        import hook's path, which renders its two lines inline.
 
         This runs twice per import: it formats with one concatenation and writes
         with one os.write per channel, and does nothing else when nothing goes wrong.
@@ -627,7 +631,7 @@ class Sink:
 
     def warn(self, message: str) -> None:
         """A line about importwatch itself."""
-        self.event("warning", f"! {message}", {"message": message})
+        self.event(WARNING, {"message": message})
 
     def name_thread(self, name: str) -> None:
         """Name one of our own threads (threading knows nothing of them), here and for the watcher."""

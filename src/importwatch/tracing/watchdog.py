@@ -20,6 +20,7 @@ import os
 import sys
 import time
 
+from importwatch.events import BUSY, EXIT, RESUMED, STALL, STALL_CONTEXT, STALL_THREAD, STALL_THREADS
 from importwatch.facts import procstat
 from importwatch.tracing import stalls
 from importwatch.tracing.faults import SharedFaulthandler
@@ -379,16 +380,15 @@ class Watchdog:
         lines += [self._chain_line(i, c, now) for i, c in chains.items() if i != culprit]
         waiting = [sink.thread_name(waiter) for waiter, (owner, _) in waits.items() if owner == culprit]
         waited = f"; waiting for its module lock: {', '.join(waiting)}" if waiting else ""
-        sink.event(
-            "stall",
-            f"STALL {now - since:.1f} s without progress; in flight: {lines[0]}{waited}",
-            {"seconds": now - since, "chains": lines, "report": reports},
-        )
+        culprit_name = sink.thread_name(culprit)
+        chain = lines[0][len(culprit_name) + 2 :] + waited  # the line without its "NAME: "
+        fields = {"seconds": round(now - since, 1), "stalled": culprit_name, "chain": chain}
+        sink.event(STALL, {**fields, "chains": lines, "report": reports})
         for line in lines[1:]:
-            sink.event("stall_thread", f"  also in flight: {line}", {"chain": line})
+            sink.event(STALL_THREAD, {"chain": line})
         context = self._context(chains[culprit], now) + stalls.deadlocks(waits, sink.thread_name)
         for line in context:
-            sink.event("stall_context", f"  context: {line}", {"context": line})
+            sink.event(STALL_CONTEXT, {"context": line})
         share = self._cpu_share(culprit)
         busy = share is not None and share >= _BUSY
         debugger = _tracer() if share is None else 0
@@ -396,20 +396,19 @@ class Watchdog:
         ended = self._stalled.get(culprit, (None,))[0] is not top
         if busy:
             used = min(share, 1.0)  # run-queue time and the clock's steps can add up to a little more
-            sink.event(
-                "busy",
-                f"  busy, not stuck: {self.sink.thread_name(culprit)} used {used:.0%} of a CPU just now "
-                "(or waited for one); slow work such as CUDA JIT compiling PTX or a build ends by itself",
-                {"cpu": share},
+            message = (
+                f"{culprit_name} used {used:.0%} of a CPU just now "
+                "(or waited for one); slow work such as CUDA JIT compiling PTX or a build ends by itself"
             )
+            sink.event(BUSY, {"message": message, "cpu": share})
         self._thread_map()
         self._dump(b"Stacks of all threads (most recent call first):\n")
         ends = self.exit_on_stall and not busy and not ended
         if ends and debugger:
             text = f"--exit-on-stall does not end it: a debugger, pid {debugger}, is attached"
-            sink.event("stall_context", f"  context: {text}", {"context": text})
+            sink.event(STALL_CONTEXT, {"context": text})
         elif ends:
-            sink.event("exit", "exiting with status 1 (--exit-on-stall)")
+            sink.event(EXIT, {"status": 1, "message": "--exit-on-stall"})
             if sink.feed is not None:
                 from importwatch.tracing.watcher_launch import hush  # loaded already: it started the watcher
 
@@ -420,7 +419,7 @@ class Watchdog:
     def _thread_map(self) -> None:
         """Each thread as faulthandler's dump names it (its address), and by name."""
         threads = stalls.thread_names(self.sink.thread_name)
-        self.sink.event("stall_threads", f"  threads: {threads}", {"threads": threads})
+        self.sink.event(STALL_THREADS, {"threads": threads})
 
     def _fold_in(self, now: float, chains: dict[int, list[TracedStep]], culprit: int) -> None:
         """Count this report for every other chain whose report is due as well, or that waits for the
@@ -534,9 +533,12 @@ class Watchdog:
             self._tell_due()
             frame, since, _ = stalled
             self.sink.event(
-                "resumed",
-                f"RESUMED after {now - since:.1f} s: {frame.name} ended",
-                {"name": frame.name, "seconds": now - since},
+                RESUMED,
+                {
+                    "message": f" after {now - since:.1f} s: {frame.name} ended",
+                    "name": frame.name,
+                    "seconds": now - since,
+                },
             )
         elif self._fired(now):
             self._say_fired()
@@ -545,7 +547,7 @@ class Watchdog:
         """Python runs again after faulthandler dumped a stall on its own: where that dump went, and
         the names of the threads it gave by address only."""
         self.sink.event(
-            "resumed", f"RESUMED: progress again after a stall; stacks dumped {self._dumped_where()}", {}
+            RESUMED, {"message": f": progress again after a stall; stacks dumped {self._dumped_where()}"}
         )
         self._thread_map()
 
@@ -601,11 +603,9 @@ class Watchdog:
             return
         with self._reporting:
             if self._fired(now):
+                message = f" after {now - frame.start:.1f} s: {frame.name} ended (stacks dumped {self._dumped_where()})"
                 self.sink.event(
-                    "resumed",
-                    f"RESUMED after {now - frame.start:.1f} s: {frame.name} ended "
-                    f"(stacks dumped {self._dumped_where()})",
-                    {"name": frame.name, "seconds": now - frame.start},
+                    RESUMED, {"message": message, "name": frame.name, "seconds": now - frame.start}
                 )
                 self._thread_map()  # faulthandler's dump named the threads by address only
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 import sys
 
+from importwatch.events import DIED, EXIT, VERDICT, WARNING, render
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from importwatch.events import Event
@@ -200,9 +202,9 @@ class Watcher:
             self._progress(now)
         elif kind == "busy":
             self.busy_told = True
-        elif kind == "warning":
-            self.flying.warn(event.thread, event.text.strip())
-        elif event.text.startswith("exiting with status"):
+        elif kind in (VERDICT, WARNING):
+            self.flying.warn(event.thread, render(kind, event.fields))
+        elif kind == EXIT and event.fields.get("status") is not None:  # the program ends itself
             self.clean = True
 
     def _progress(self, now: float) -> None:
@@ -218,9 +220,9 @@ class Watcher:
         # itself, it cannot race the next dlopen the way a fresh read of the maps would. The maps
         # name files by their real paths; the program may have listed them as the loader found them.
         self.mapped_before[os.path.realpath(event.name)] = None
-        _, found, listing = event.text.partition(" new: ")
-        if found and "; mapped " in event.text:
-            self.mapped_before.update(dict.fromkeys(os.path.realpath(path) for path in listing.split(", ")))
+        self.mapped_before.update(
+            dict.fromkeys(os.path.realpath(path) for path in event.fields.get("mapped", ()))
+        )
 
     def _in_flight(self) -> dict[str, list[Started]]:
         return self.flying.chains()
@@ -305,8 +307,8 @@ class Watcher:
         if not self._alive():
             self.silent = True
             return False
-        for kind, body, fields in lines:
-            self.sink.event(kind, f"outside: {body}", fields)
+        for kind, message, fields in lines:
+            self.sink.event(kind, {"message": message, **fields})
         return True
 
     def _alive(self) -> bool:
@@ -423,10 +425,10 @@ class Watcher:
                 self.told_foreign = True
                 who = f"pid {tracer} {outside.command_of(tracer)}"
                 self._say(
-                    [("outside", f"--exit-on-stall: {who} is debugging it: left as it is, not killed", {})]
+                    [("outside", f"{who} is debugging it: left as it is, not killed (--exit-on-stall)", {})]
                 )
             return
-        said = self._say([("exit", f"--exit-on-stall: the program is {verdict}, not busy: killing it", {})])
+        said = self._say([(EXIT, f"the program is {verdict}, not busy: killing it", {"status": None})])
         if not said:
             return
         self.clean = True
@@ -508,7 +510,9 @@ class Watcher:
             sample = current[tid]
             if ours[tid]:
                 label = names.get(tid) or "faulthandler-timer"
-                lines.append(("outside", f"{label} (tid {tid}): {ours[tid]}", {"thread": label, "tid": tid}))
+                lines.append(
+                    ("outside", f"{label} (tid {tid}): {ours[tid]}", {"thread_name": label, "tid": tid})
+                )
                 continue
             label = names.get(tid) or f"thread-{tid}"
             what, share = verdicts[tid]
@@ -517,7 +521,7 @@ class Watcher:
                 waits = outside.waits_on(pid, sample)
                 if waits:
                     body += f"; {waits}"
-            lines.append(("outside", body, {"thread": label, "tid": tid, "verdict": what}))
+            lines.append(("outside", body, {"thread_name": label, "tid": tid, "verdict": what}))
         return lines
 
     def _ours(self, tid: int, name: str | None, sample: ThreadSample, code: outside.CodeRanges) -> str | None:
@@ -658,12 +662,10 @@ class Watcher:
                 how += ", ended by --exit-on-stall after the stall report"
             elif os.WIFEXITED(status):
                 how += " without a clean exit (os._exit, or exit() called from C)"
-        self.sink.event(
-            "died",
-            f"outside: died during import: process {self.pid} {how} after {now - stack[0].start:.1f} s "
-            f"with in flight: {name}: {chain}",
-            {"status": status, "chain": f"{name}: {chain}"},
+        message = (
+            f"process {self.pid} {how} after {now - stack[0].start:.1f} s with in flight: {name}: {chain}"
         )
+        self.sink.event(DIED, {"message": message, "status": status, "chain": f"{name}: {chain}"})
         return 0
 
 

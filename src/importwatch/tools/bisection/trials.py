@@ -9,7 +9,7 @@ import sys
 import threading
 import time
 
-from importwatch.events import IMPORT, NATIVE, WARNING, parse_line
+from importwatch.events import IMPORT, NATIVE, VERDICT, parse_line
 from importwatch.inflight import InFlight, Started
 from importwatch.signame import signal_name
 from importwatch.tools.children import kill_group, last_line
@@ -100,7 +100,7 @@ class LogState:
         self.flying = InFlight(kinds=(IMPORT, NATIVE))
         # Imports that failed all the way to the top: (pid, chain outermost first, the error raised).
         self.failures: list[tuple[int, list[str], str]] = []
-        self.warnings: list[tuple[int, int, str]] = []  # (seq, pid, "! text")
+        self.verdicts: list[tuple[int, int, str]] = []  # (seq, pid, "! text")
         self.pids: list[int] = []  # in order of appearance; the first is the child itself
         self._unwinding: dict[tuple[int, str], tuple[list[str], str]] = {}
         self._first_start: dict[str, int] = {}  # module: seq of its first start, in the first pid
@@ -138,11 +138,11 @@ class LogState:
         elif kind == "start":
             self.started = True
         elif kind == "stall":
-            self.stalled_thread = (event.pid, _stalled_thread_name(event.text) or event.thread)
+            self.stalled_thread = (event.pid, event.fields.get("stalled") or event.thread)
         elif kind == "exit":
             self.exit_on_stall = True
-        elif kind == WARNING:  # importwatch's own warnings and the verdicts, JSON or text alike
-            self.warnings.append((self._seq, event.pid, event.text))
+        elif kind == VERDICT:  # importwatch's own warnings are no verdict on the program
+            self.verdicts.append((self._seq, event.pid, event.text.strip()))
 
     def _ended(self, key: tuple[int, str], name: str, error: str | None) -> None:
         if error is None:
@@ -206,16 +206,7 @@ class LogState:
 
     def verdicts_since(self, seq: int, pid: int) -> list[str]:
         """The "! ..." lines the process wrote since event SEQ."""
-        return [text for at, owner, text in self.warnings if at >= seq and owner == pid]
-
-
-def _stalled_thread_name(text: str) -> str | None:
-    """The thread a stall report names first: `STALL ... in flight: NAME: a > b`."""
-    _, found, rest = text.partition("in flight: ")
-    name, colon, _ = rest.partition(": ")
-    if not found or not colon or " " in name:
-        return None
-    return name
+        return [text for at, owner, text in self.verdicts if at >= seq and owner == pid]
 
 
 class Outcome:

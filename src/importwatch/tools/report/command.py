@@ -280,10 +280,31 @@ _CUT_AT = {DIED: "the watcher saw it dead at", EXIT: "it was ended at", SIGNAL: 
 
 
 def _process_summary(process: Process, digest: _Digest) -> list[str]:
-    threads = len(process.threads)
-    start = process.start_text or "(no start line: a fork, or a log cut at its head)"
     ending = process.cut_by()
     in_flight = process.in_flight()
+    out = _process_head(process, digest, ending, in_flight)
+    out.extend(_in_flight_lines(process, ending, in_flight))
+    out.extend(_notes(process, "stalls", "stall reports"))
+    out.extend(_notes(process, "verdicts", "verdicts"))
+    out.extend(_notes(process, "warnings", "importwatch's warnings"))
+    if digest.failed_names:
+        # Most are optional dependencies tried and caught; the names say enough, each once.
+        names = sorted(digest.failed_names, key=digest.failed_names.__getitem__)
+        count = f"{len(names)}{'+' if len(names) >= _NAMES else ''}"
+        more = f", ... ({count} names)" if len(names) > TOP else ""
+        out.append(
+            f"  failed imports (raised; most are optional, tried and caught): {', '.join(names[:TOP])}{more}"
+        )
+    out.extend(_slowest(digest, len(process.threads) > 1))
+    return out
+
+
+def _process_head(
+    process: Process, digest: _Digest, ending: Ending | None, in_flight: list[tuple[Thread, list[Node]]]
+) -> list[str]:
+    """Who the process was (or what ended it, first), its time and counts, and its torch."""
+    threads = len(process.threads)
+    start = process.start_text or "(no start line: a fork, or a log cut at its head)"
     if ending is not None and in_flight:
         # The death is the headline: what ended the process, with the import in flight.
         out = [f"{process.name}: {_ending_headline(ending, in_flight)}", f"  {start}"]
@@ -297,6 +318,14 @@ def _process_summary(process: Process, digest: _Digest) -> list[str]:
     )
     if process.torch:
         out.append(f"  {process.torch}")
+    return out
+
+
+def _in_flight_lines(
+    process: Process, ending: Ending | None, in_flight: list[tuple[Thread, list[Node]]]
+) -> list[str]:
+    """What was still in flight, per thread, and what cut it; or that nothing was."""
+    out = []
     for thread, chain in in_flight:
         names = " > ".join(node.label for node in chain)
         since = f"on {thread.name}, the innermost since {chain[-1].clock}"
@@ -315,17 +344,12 @@ def _process_summary(process: Process, digest: _Digest) -> list[str]:
         )
     if process.orphans:
         out.append(f"  {_count(process.orphans, 'end')} without a start in this process (forked mid-import)")
-    out.extend(_notes(process, "stalls", "stall reports"))
-    out.extend(_notes(process, "warnings", "warnings and verdicts"))
-    if digest.failed_names:
-        # Most are optional dependencies tried and caught; the names say enough, each once.
-        names = sorted(digest.failed_names, key=digest.failed_names.__getitem__)
-        count = f"{len(names)}{'+' if len(names) >= _NAMES else ''}"
-        more = f", ... ({count} names)" if len(names) > TOP else ""
-        out.append(
-            f"  failed imports (raised; most are optional, tried and caught): {', '.join(names[:TOP])}{more}"
-        )
-    where = threads > 1
+    return out
+
+
+def _slowest(digest: _Digest, where: bool) -> list[str]:
+    """The tables of the slowest imports, native loads, phases and steps."""
+    out = []
     if digest.imports:
         top = min(TOP, digest.imports)
         out.append(f"  slowest imports by self time (top {top}):")
@@ -481,7 +505,7 @@ def chrome(processes: list[Process], min_ms: float = 0.0, source: str = "") -> s
             for node in thread.walk():
                 if _kept(node, min_ms):  # then its ancestors are kept too
                     events.append(_slice(node, pid, tid))
-        for when, clock, text in process.stalls + process.warnings:
+        for when, clock, text in process.stalls + process.verdicts + process.warnings:
             events.append(
                 {
                     "name": text.split(" ", 1)[0],
@@ -542,9 +566,9 @@ def _meta(name: str, pid: int, tid: int, args: dict) -> dict:
 
 
 def _process_label(process: Process) -> str:
-    text = process.start_text
-    argv = text.partition(" argv=")[2].partition(" cwd=")[0]
-    python = " ".join(text.split(" ")[:2]) if text else "python"
+    start = process.start
+    python = f"python {start['python']}" if start else "python"
+    argv = repr(start["argv"]) if start else ""
     return f"{python} {process.name} {argv}".strip()
 
 

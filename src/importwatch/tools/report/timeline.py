@@ -7,7 +7,6 @@ plus the whole trees only when a format needs them (keep=True).
 from __future__ import annotations
 
 import os
-import re
 import stat
 import time
 
@@ -19,10 +18,13 @@ from importwatch.events import (
     MAX_LINE,
     NATIVE,
     SIGNAL,
+    START,
+    VERDICT,
     WARNING,
     BadLine,
     Event,
     read_line,
+    render,
 )
 from importwatch.inflight import STARTED_BY, STARTS, Started, close
 
@@ -160,13 +162,15 @@ class Process:
         self.first_clock = first_clock
         self.last_clock = first_clock
         self.start_text = ""  # the banner's "start python ..." line
+        self.start: dict = {}  # its fields (see events.START)
         self.torch = ""
         # (seconds, clock, text) of STALL, "also in flight" and RESUMED lines, and of "! " lines;
         # the first NOTES of each, with the number left out
         self.stalls: list[tuple[float, str, str]] = []
+        self.verdicts: list[tuple[float, str, str]] = []
         self.warnings: list[tuple[float, str, str]] = []
         self.checkpoints: list[tuple[float, str, str]] = []  # (seconds, thread, name)
-        self.left_out = {"stalls": 0, "warnings": 0, "checkpoints": 0}
+        self.left_out = {"stalls": 0, "verdicts": 0, "warnings": 0, "checkpoints": 0}
         self.rank: int | None = None  # in a distributed job
         self.orphans = 0  # ends whose start is not in this log (a fork inside an import)
         self.endings: list[Ending] = []  # the watcher's "died", --exit-on-stall's exit, signals sent to it
@@ -385,7 +389,16 @@ def chunks(file, path: str) -> Iterator[list[str | None]]:
 
 
 # The watcher says which signal ended a child in "signal SIGTERM to child PID (...)".
-_SIGNAL = re.compile(r"^signal (\S+) to child (\d{1,10})\b")
+
+
+def _ending_text(event: Event) -> str:
+    """What the report says of a DIED or EXIT event: its line's words, less the watcher's `outside: `."""
+    fields = event.fields
+    if event.kind == DIED:
+        return f"died during import: {fields['message']}"
+    if fields.get("status") is None:
+        return f"--exit-on-stall: {fields['message']}"
+    return render(EXIT, fields)
 
 
 class Timeline:
@@ -454,30 +467,30 @@ class Timeline:
             thread.stack.append(node)
         elif kind in STARTED_BY:
             self._end(process, process.thread(event.thread), event, when)
-        elif kind == "start":
+        elif kind == START:
             process.start_text = event.text[len("start ") :]
+            process.start = event.fields
         elif kind == "torch":
             process.torch = event.text
         elif kind == CHECKPOINT:
             process.note("checkpoints", (when, event.thread, event.name))
         elif kind in ("stall", "stall_thread", "stall_context", "resumed"):
             process.note("stalls", (when, stamp, event.text.strip()))
+        elif kind == VERDICT:
+            process.note("verdicts", (when, stamp, event.text.strip()))
         elif kind == WARNING:
             process.note("warnings", (when, stamp, event.text.strip()))
         elif kind in (DIED, EXIT):
-            text = event.text.strip()
-            process.endings.append(Ending(kind, when, stamp, text.partition("outside: ")[2] or text))
+            process.endings.append(Ending(kind, when, stamp, _ending_text(event)))
         elif kind == SIGNAL:
             self._signal(process, event, when, stamp)
 
     def _signal(self, sender: Process, event: Event, when: float, stamp: str) -> None:
         """A parent's line that it sends a signal to a child: the child's ending, if the child is here."""
-        match = _SIGNAL.match(event.text.strip())
-        if match is None:
-            return
-        child = self.current.get(int(match.group(2)))
+        fields = event.fields
+        child = self.current.get(fields["child"])
         if child is not None and child is not sender and len(child.endings) < NOTES:
-            text = f"{match.group(1)} from pid {sender.pid}{event.text.strip()[match.end() :]}"
+            text = f"{fields['signal']} from pid {sender.pid} ({fields['via']})"
             child.endings.append(Ending(SIGNAL, when, stamp, text))
 
     def _end(self, process: Process, thread: Thread, event: Event, when: float) -> None:

@@ -1,0 +1,166 @@
+"""The event model: every kind, written by the real Sink as a text and a JSON line, reads back as the same event."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from importwatch import events
+from importwatch.events import EXTRAS, KINDS, read_line
+from importwatch.tracing.sink import Sink
+
+# One event of every kind, with every field its writer passes (durations as a text line keeps them:
+# milliseconds to three decimals, a stall's seconds to one), and the depth of the nested ones.
+EXAMPLES: list[tuple[str, dict, int]] = [
+    (events.IMPORT, {"name": "pkg.mod", "parent": "pkg"}, 1),
+    (events.IMPORT, {"name": "pkg", "parent": None, "waits_for": "Thread-1", "origin": "reload"}, 0),
+    (events.IMPORT_END, {"name": "pkg.mod", "parent": "pkg", "ms": 12.345}, 1),
+    (events.IMPORT_END, {"name": "pkg", "parent": None, "ms": 0.5, "error": "ImportError: no; not: this"}, 0),
+    (
+        events.NATIVE,
+        {"path": "/site/fast kern/_k.so", "owner": "fastkern._k", "needs": ["libcudart.so.11.0"]},
+        2,
+    ),
+    (events.NATIVE, {"path": "libm.so.6", "owner": "ctypes"}, 0),
+    (
+        events.NATIVE_END,
+        {"path": "/site/_k.so", "owner": "fastkern._k", "ms": 3.25, "mapped": ["/a/libx.so", "/b/liby.so.1"]},
+        2,
+    ),
+    (
+        events.NATIVE_END,
+        {"path": "/site/_k.so", "ms": 1.0, "error": "OSError: libz.so: cannot open; sorry"},
+        1,
+    ),
+    (events.PHASE, {"name": "load model", "timeout": 600.0}, 0),
+    (events.PHASE_END, {"name": "load model", "ms": 1234.5}, 0),
+    (events.PHASE_END, {"name": "load 2 ms", "ms": 2.0, "error": "ValueError: x"}, 1),
+    (events.CHECKPOINT, {"name": "weights read"}, 1),
+    (events.STEP, {"name": "torch.cuda.init", "detail": "CUDA_VISIBLE_DEVICES=0"}, 1),
+    (events.STEP_END, {"name": "torch.cuda.init", "ms": 7.125}, 1),
+    (events.STEP_END, {"name": "torch.cuda.init", "ms": 7.0, "error": "RuntimeError: no GPU"}, 0),
+    (
+        events.VERDICT,
+        {"verdict": "fastkern/_k.so needs libcudart.so.11.0 (CUDA 11) but torch is for 12.1"},
+        0,
+    ),
+    (events.VERDICT, {"verdict": "_k.so: needs CUDA 11", "path": "/site/_k.so"}, 0),
+    (events.WARNING, {"message": "cannot open log file x.log: it is a FIFO; logging to stderr only"}, 0),
+    (
+        events.START,
+        {
+            "python": "3.11.7",
+            "executable": "/venv/bin/python",
+            "argv": ["run.py", "--log", "a b", "it's ] cwd=x"],
+            "cwd": "/job dir",
+            "platform": "Linux-6.1-x86_64",
+            "dumps": "job.log",
+        },
+        0,
+    ),
+    (
+        events.START,
+        {"python": "3.9.1", "executable": "/p", "argv": [], "cwd": "/", "platform": "Linux-5-aarch64"},
+        0,
+    ),
+    (events.ENV, {"message": "CUDA_VISIBLE_DEVICES=0", "env": {"CUDA_VISIBLE_DEVICES": "0"}}, 0),
+    (
+        events.TORCH,
+        {"message": "2.3.1 (built for CUDA 12.1) at /t", "version": "2.3.1", "cuda": "12.1", "path": "/t"},
+        0,
+    ),
+    (
+        events.STALL,
+        {
+            "seconds": 30.1,
+            "stalled": "MainThread",
+            "chain": "fastkern > dlopen /s/_k.so (30.0 s); waiting for its module lock: Thread-2",
+            "chains": ["MainThread: fastkern > dlopen /s/_k.so (30.0 s)"],
+            "report": 1,
+        },
+        0,
+    ),
+    (events.STALL_THREAD, {"chain": "Thread-2: a > b (3.0 s)"}, 0),
+    (events.STALL_CONTEXT, {"context": "! a verdict said before"}, 0),
+    (events.STALL_THREADS, {"threads": "0x7f01=MainThread"}, 0),
+    (events.BUSY, {"message": "MainThread used 98% of a CPU just now", "cpu": 0.98}, 0),
+    (events.RESUMED, {"message": " after 31.0 s: fastkern ended", "name": "fastkern", "seconds": 31.0}, 0),
+    (
+        events.OUTSIDE,
+        {"message": "MainThread sleeping in dlopen", "verdict": "waiting", "thread_name": "T", "tid": 7},
+        0,
+    ),
+    (
+        events.OUTSIDE,
+        {"message": "pid 9 gdb is debugging it: left as it is, not killed (--exit-on-stall)"},
+        0,
+    ),
+    (events.DIED, {"message": "process 7 was killed by SIGKILL", "status": 9, "chain": "MainThread: a"}, 0),
+    (events.EXIT, {"status": 1, "message": "--exit-on-stall"}, 0),
+    (events.EXIT, {"status": None, "message": "the program is waiting, not busy: killing it"}, 0),
+    (events.FORK, {"parent": 4711}, 0),
+    (events.SIGNAL, {"signal": "SIGTERM", "child": 4712, "via": "multiprocessing"}, 0),
+    (events.OTHER, {"message": "a line of a later version"}, 0),
+]
+
+
+def test_every_kind_has_an_example_and_no_field_takes_a_json_lines_own_key() -> None:
+    assert {kind for kind, _, _ in EXAMPLES} == KINDS
+    for _, fields, _ in EXAMPLES:
+        assert not set(fields) & {"time", "pid", "thread", "rank", "kind", "text"}
+
+
+def _written(tmp_path: Path, name: str) -> list[str]:
+    """EXAMPLES as the Sink writes them to a log called NAME (no stderr: it goes to /dev/null)."""
+    null = os.open(os.devnull, os.O_WRONLY)
+    sink = Sink(null)
+    sink.set_stderr("none")
+    assert sink.open_log(str(tmp_path / name))
+    for kind, fields, depth in EXAMPLES:
+        sink.event(kind, fields, depth)
+    sink.close_log()
+    os.close(null)
+    return (tmp_path / name).read_text().splitlines()
+
+
+@pytest.mark.parametrize("name", ["run.log", "run.jsonl"])
+def test_event_to_line_to_event_is_identity_for_every_kind(tmp_path: Path, name: str) -> None:
+    lines = _written(tmp_path, name)
+    assert len(lines) == len(EXAMPLES)
+    for line, (kind, fields, depth) in zip(lines, EXAMPLES):
+        event = read_line(line)
+        assert event is not None, line
+        assert (event.kind, event.depth) == (kind, depth), line
+        # A text line carries every field but the extras (see events.EXTRAS); a JSON line all.
+        extras = EXTRAS.get(kind, ()) if name.endswith(".log") else ()
+        expected = {key: value for key, value in fields.items() if key not in extras}
+        assert event.data() == expected, line
+
+
+def test_the_text_and_json_lines_of_an_event_read_back_alike(tmp_path: Path) -> None:
+    for text, json in zip(_written(tmp_path, "run.log"), _written(tmp_path, "run.jsonl")):
+        from_text, from_json = read_line(text), read_line(json)
+        assert from_text.kind == from_json.kind and from_text.depth == from_json.depth
+        assert from_text.text == from_json.text  # the same body, rendered once by the model
+        extras = EXTRAS.get(from_json.kind, ())
+        assert from_text.data() == {k: v for k, v in from_json.data().items() if k not in extras}
+
+
+def test_a_verdict_and_a_warning_are_told_apart_in_both_forms(tmp_path: Path) -> None:
+    kinds = {read_line(line).kind for name in ("a.log", "a.jsonl") for line in _written(tmp_path, name)}
+    assert {events.VERDICT, events.WARNING} <= kinds
+
+
+def test_a_line_not_as_we_write_its_kind_reads_as_other() -> None:
+    for line in (
+        '{"time": 1, "pid": 1, "kind": "verdict", "text": "no head"}',
+        '{"time": 1, "pid": 1, "kind": "stall", "seconds": "x", "stalled": "T", "chain": "c", "text": "STALL"}',
+        '{"time": 1, "pid": 1, "kind": "signal", "signal": "SIGTERM", "text": "signal"}',
+        "[importwatch 1 10:00:00.000] signal SIGTERM to nobody",
+        "[importwatch 1 10:00:00.000] start python 3 /p argv=[1, 2] cwd=/",
+        "[importwatch 1 10:00:00.000] exiting with status one",
+    ):
+        event = read_line(line)
+        assert event.kind == events.OTHER and event.fields == {"message": event.text}, line
