@@ -124,6 +124,27 @@ def test_hung_import_is_named_with_its_library_within_the_timeout(built: dict[st
 
 
 @pytest.mark.timeout(60)
+def test_a_hung_import_shows_the_verdict_its_log_gave_before_the_load(tmp_path: Path) -> None:
+    runtime = compile_shared(
+        CUDA / "cudart_standin.c", tmp_path / "cuda11" / "libcudart.so.11.0", soname="libcudart.so.11.0"
+    )
+    # It blocks in its constructor, as an extension built for another CUDA can.
+    compile_extension(HANG / "blocking_ext.c", tmp_path / "site", "fastkern._kernels", libs=[runtime])
+    stand_in_torch(tmp_path / "site", "2.3.1+cu121", "12.1")
+    (tmp_path / "empty").mkdir()
+    done = run_doctor(
+        "--import", "fastkern._kernels", "--timeout", "1", "--no-cuda", "--packages", str(tmp_path / "empty"),
+        PYTHONPATH=str(tmp_path / "site"),
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    verdict = "needs libcudart.so.11.0 (CUDA 11) but torch 2.3.1 is built for CUDA 12.1"
+    lines = done.stdout.splitlines()
+    hung = next(i for i, line in enumerate(lines) if line.startswith("  fastkern._kernels HUNG"))
+    said = [line for line in lines[hung:] if line.strip().startswith("verdict: ! ")]
+    assert said and verdict in said[0], done.stdout
+
+
+@pytest.mark.timeout(60)
 def test_module_that_raises_is_failed_with_its_message(built: dict[str, Path]) -> None:
     done = run_doctor(
         "--import", "raises", "--timeout", "2", "--no-cuda", "--json", PYTHONPATH=str(built["hangsite"])

@@ -8,7 +8,7 @@ import sys
 import tempfile
 
 from importwatch import config
-from importwatch.events import parse_line
+from importwatch.events import OUTSIDE, VERDICT, parse_line
 from importwatch.facts import cuda
 from importwatch.inflight import InFlight
 from importwatch.signame import signal_name
@@ -93,6 +93,9 @@ def check_import(
     else:
         error = top[-1].error if top and top[-1].error else None
         result.update(_failed(status, events, flying, error or last_error, torch))
+    verdicts = [event.fields["verdict"] for event in events if event.kind == VERDICT]
+    if verdicts and result["status"] != "ok":  # what the child said before it hung or failed
+        result["verdicts"] = verdicts
     return result
 
 
@@ -100,7 +103,7 @@ def _hung(events: Sequence[Event], flying: dict[str, list[Started]], stalled: bo
     """A hung import's fields: the chain in flight, its library, the other threads, the outside view."""
     stack = flying.get("MainThread") or next(iter(flying.values()), [])
     natives = [step.name for step in stack if step.kind == "native"]
-    told = [e.text.strip()[len("outside: ") :] for e in events if e.text.strip().startswith("outside: ")]
+    told = [event.fields["message"] for event in events if event.kind == OUTSIDE]
     return {
         "status": "hung",
         "stalled": stalled,

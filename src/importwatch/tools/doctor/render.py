@@ -97,6 +97,7 @@ def _imports(checks: Sequence[dict]) -> list[str]:
             lines.append(f"  {module:<16} FAILED  {check['error']}")
             if check.get("cause"):
                 lines.append(f"  {'':<16}         likely cause: {check['cause']}")
+            lines.extend(_said(check))
         else:
             chain = " > ".join(check["chain"]) or "(nothing in flight)"
             lines.append(f"  {module:<16} HUNG    after {check['seconds']:.1f} s in {chain}")
@@ -104,7 +105,13 @@ def _imports(checks: Sequence[dict]) -> list[str]:
                 lines.append(f"  {'':<16}         seen from outside: {check['outside']}")
             for thread, frames in check.get("other_threads", {}).items():
                 lines.append(f"  {'':<16}         also in flight in {thread}: {' > '.join(frames)}")
+            lines.extend(_said(check))
     return lines
+
+
+def _said(check: dict) -> list[str]:
+    """The verdicts the import's own log gave before it failed or hung (on its native loads)."""
+    return [f"  {'':<16}         verdict: ! {text}" for text in check.get("verdicts", ())]
 
 
 def _cuda_checks(checks: dict) -> list[str]:
