@@ -330,7 +330,7 @@ class Tracer:
         if where in self._errors_said:
             return
         self._errors_said.add(where)
-        self.sink.warn(f"importwatch internal error in {where}: {type(error).__name__}: {error}")
+        self.sink.warn(f"internal error in {where}: {type(error).__name__}: {error}")
 
     def after_fork_in_child(self) -> None:
         """Only the forking thread survives a fork: drop the others' chains."""
