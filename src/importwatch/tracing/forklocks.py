@@ -12,7 +12,7 @@ import _thread
 import os
 import sys
 
-from importwatch.tracing.sink import escape
+from importwatch.events import escape
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -20,9 +20,8 @@ import sys
 import time
 import types
 
-from importwatch.events import IMPORT_END
+from importwatch.events import IMPORT_END, escape
 from importwatch.tracing.forklocks import owner_text
-from importwatch.tracing.sink import escape
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds at start-up; annotations alone need it

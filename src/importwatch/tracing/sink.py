@@ -1,5 +1,5 @@
-"""The sink: turns events into ASCII lines (text or JSON Lines) and writes each one, flushed, to stderr,
-the log file and the watcher's feed."""
+"""The sink: writes each event, rendered by the event model (events.py) as one ASCII line of text or JSON,
+flushed, to stderr, the log file and the watcher's feed."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import stat
 import sys
 import time
 
-from importwatch.events import BUSY, DIED, EXIT, RESUMED, START, VERDICT, WARNING, render
+from importwatch.events import BUSY, DIED, EXIT, RESUMED, START, VERDICT, WARNING, escape, json_line, render
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -33,9 +33,6 @@ _HIGH_FD = 1024
 _LOUD = frozenset((START, VERDICT, WARNING, RESUMED, BUSY, EXIT, DIED))
 
 
-# The escapes of escape() for what is not printable ASCII, as Python's unicode_escape codec writes them.
-_ESCAPES = {ord("\\"): "\\\\", ord("\t"): "\\t", ord("\n"): "\\n", ord("\r"): "\\r"}
-
 # Never follow a symlink, never wait on a FIFO's reader, never hand the descriptor to a child.
 _LOG_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
 _OPEN_ERRORS = {errno.ELOOP: "it is a symbolic link", errno.ENXIO: "it is a FIFO or a socket"}
@@ -45,82 +42,6 @@ _KINDS = {
     stat.S_IFBLK: "a device",
     stat.S_IFSOCK: "a socket",
 }
-
-
-def escape(text: str) -> str:
-    """ASCII-only and one line: anything else as a backslash escape (\\xe9, \\n, \\x1b).
-
-    Written out rather than done with the unicode_escape codec: the codec is a
-    module that the first use would import, inside the import hook.
-    """
-    if text.isascii() and text.isprintable():
-        return text
-    return "".join([_escape_char(char) for char in text])
-
-
-def _escape_char(char: str) -> str:
-    if " " <= char <= "~" and char != "\\":
-        return char
-    code = ord(char)
-    known = _ESCAPES.get(code)
-    if known is not None:
-        return known
-    if code < 0x100:
-        return f"\\x{code:02x}"
-    if code < 0x10000:
-        return f"\\u{code:04x}"
-    return f"\\U{code:08x}"
-
-
-# JSON string escapes (RFC 8259), the rest of the control characters as \u00XX.
-_JSON_ESCAPES = {i: f"\\u{i:04x}" for i in range(0x20)}
-_JSON_ESCAPES.update(
-    {ord('"'): '\\"', ord("\\"): "\\\\", 8: "\\b", 9: "\\t", 10: "\\n", 12: "\\f", 13: "\\r"}
-)
-_JSON_ESCAPES[0x7F] = "\\u007f"
-
-
-def json_string(text: str) -> str:
-    """TEXT as a JSON string in ASCII: non-ASCII as \\uXXXX (a surrogate pair above the BMP)."""
-    if text.isascii():
-        if text.isprintable() and '"' not in text and "\\" not in text:
-            return '"' + text + '"'
-        return '"' + text.translate(_JSON_ESCAPES) + '"'
-    parts = []
-    for char in text.translate(_JSON_ESCAPES):
-        code = ord(char)
-        if code < 0x80:
-            parts.append(char)
-        elif code < 0x10000:
-            parts.append(f"\\u{code:04x}")
-        else:
-            code -= 0x10000
-            parts.append(f"\\u{0xD800 | code >> 10:04x}\\u{0xDC00 | code & 0x3FF:04x}")
-    return '"' + "".join(parts) + '"'
-
-
-def json_value(value: object) -> str:
-    """VALUE as JSON text in ASCII, for what events carry: str, int, float, bool, None, lists, dicts.
-
-    Written here rather than with the json module: a log must not import, before
-    tracing starts, a module that the program's own import should show as an event.
-    A float that is not finite becomes null (strict JSON has no NaN); anything
-    else becomes its str().
-    """
-    if isinstance(value, str):
-        return json_string(value)
-    if value is None or value is True or value is False:
-        return "null" if value is None else "true" if value else "false"
-    if isinstance(value, int):
-        return int.__repr__(value)
-    if isinstance(value, float):
-        return float.__repr__(value) if value - value == 0 else "null"
-    if isinstance(value, dict):
-        items = [json_string(str(key)) + ": " + json_value(item) for key, item in value.items()]
-        return "{" + ", ".join(items) + "}"
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join([json_value(item) for item in value]) + "]"
-    return json_string(str(value))
 
 
 def _unsafe_log(fd: int) -> str | None:
@@ -581,7 +502,7 @@ class Sink:
         log = self.log
         if log is not None and not log.broken:
             if log.json:
-                text = self._json_line(now, thread, kind, body, fields)
+                text = json_line(now, self.pid, thread, self.rank, kind, body, fields)
                 size = len(text)
             try:
                 if not _still(log.fd, log.ident):  # closed, or its number reused by the program
@@ -608,16 +529,6 @@ class Sink:
             self._clock = time.strftime("%H:%M:%S.", time.localtime(second))
         self._stamp = self._clock + str(1000 + msec - second * 1000)[1:]
         self._prefix = self._head + self._stamp + "] "
-
-    def _json_line(self, now: float, thread: str | None, kind: str, body: str, fields: dict | None) -> bytes:
-        record = {"time": now, "pid": self.pid, "thread": thread or "MainThread"}
-        if self.rank is not None:
-            record["rank"] = self.rank
-        record["kind"] = kind
-        if fields:
-            record.update(fields)
-        record["text"] = body
-        return (json_value(record) + "\n").encode("ascii")
 
     def raw(self, data: bytes) -> None:
         """Bytes as they are, to stderr and a text log (faulthandler's dumps go through here)."""

@@ -6,9 +6,9 @@ import json
 import shlex
 import time
 
+from importwatch.events import escape
 from importwatch.tools.inspection.stacks import described_in_importlib
 from importwatch.tracing.blocking import format_age
-from importwatch.tracing.sink import escape
 from importwatch.watcher import outside
 
 TYPE_CHECKING = False
