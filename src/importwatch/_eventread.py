@@ -90,15 +90,6 @@ class Event:
     def __repr__(self) -> str:
         return f"Event({self.kind!r}, {self.pid}, {self.thread!r}, {self.name or self.text!r})"
 
-    def get(self, key: str, default: Any = None) -> Any:
-        """One field of the event (name, path, ms and error included)."""
-        if key in ("name", "path"):
-            return self.name or default
-        if key in ("ms", "error"):
-            value = getattr(self, key)
-            return default if value is None else value
-        return self.fields.get(key, default)
-
     def data(self) -> dict[str, Any]:
         """Every field of the event, keyed as the writer passed them."""
         data: dict[str, Any] = {}
