@@ -201,3 +201,29 @@ def test_every_module_blocking_steps_wrap_brings_them_in() -> None:
     from importwatch.tracing.sink import Sink
 
     assert set(BlockingSteps(Tracer(Sink(2)))._targets) == set(session.BLOCKING_TARGETS)
+
+
+def test_the_facts_modules_are_imported_on_the_first_native_load_and_write_no_line() -> None:
+    """ELF, CUDA, loaded and mapped objects: needed by native loads only, not by every interpreter start."""
+    facts = ["importwatch.facts.elf", "importwatch.facts.cuda", "importwatch.facts.mapped"]
+    code = (
+        f"import sys; facts = {facts!r}\n"
+        "print([name in sys.modules for name in facts])\n"
+        "import _ctypes\n"  # an extension module: a native load
+        "print([name in sys.modules for name in facts])\n"
+    )
+    env = clean_env(IMPORTWATCH="1")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "[False, False, False]\n[True, False, True]\n", done.stderr
+    assert "> dlopen " in done.stderr and "> importwatch" not in done.stderr
+
+
+def test_torch_facts_arrive_with_import_torch_and_write_no_line() -> None:
+    """The torch line before `import torch` needs facts/cuda.py, imported then, without a line of its own."""
+    pytest.importorskip("torch")
+    code = "import sys; print('importwatch.facts.cuda' in sys.modules); import torch; print('ok')"
+    env = clean_env(IMPORTWATCH="1")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout == "False\nok\n", done.stderr
+    assert "(from its files, before import)" in done.stderr and "> importwatch" not in done.stderr

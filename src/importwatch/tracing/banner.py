@@ -7,7 +7,6 @@ import os
 import sys
 
 from importwatch.events import ENV, START, TORCH, VERDICT
-from importwatch.facts.cuda import describe_torch, driver_verdicts, gpus
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -127,14 +126,17 @@ def torch_loaded(sink: Sink, torch: Any) -> None:
     )
 
 
-def torch_before(sink: Sink, facts: TorchFacts | None, driver: str | None) -> None:
-    """Before torch starts importing: what its files say, so a hang inside `import torch` has it logged."""
+def torch_before(sink: Sink, cuda: Any, facts: TorchFacts | None, driver: str | None) -> None:
+    """Before torch starts importing: what its files say, so a hang inside `import torch` has it logged.
+
+    CUDA is importwatch.facts.cuda, which the native loads import when first needed (NativeLoads.fact).
+    """
     if facts is None:
         return
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    line = describe_torch(facts, driver, gpus(), visible)
+    line = cuda.describe_torch(facts, driver, cuda.gpus(), visible)
     fields = {"version": facts.version, "cuda": facts.cuda, "path": facts.path, "driver": driver}
     # describe_torch's line starts with the word torch, the kind's head.
     sink.event(TORCH, {"message": f"{line.removeprefix('torch ')} (from its files, before import)", **fields})
-    for verdict in driver_verdicts(facts, driver):
+    for verdict in cuda.driver_verdicts(facts, driver):
         sink.event(VERDICT, {"verdict": verdict})

@@ -8,16 +8,11 @@ after the file, so faulthandler's dump of the hung thread names it too.
 
 from __future__ import annotations
 
-import _frozen_importlib as _bootstrap
 import _frozen_importlib_external as _external
 import os
 import sys
 
 from importwatch.events import NATIVE, NATIVE_END, VERDICT
-from importwatch.facts.cuda import driver_version, explain_load_error, find_torch, native_verdicts
-from importwatch.facts.elf import cuda_needs, library_stem, read_dynamic
-from importwatch.facts.loaded import LoadedObjects
-from importwatch.facts.mapped import MappedObjects
 from importwatch.tracing.hook import as_importlib_frame
 
 TYPE_CHECKING = False
@@ -26,29 +21,12 @@ if TYPE_CHECKING:
 
     from importwatch.facts.cuda import TorchFacts
     from importwatch.facts.elf import DynamicInfo
+    from importwatch.facts.loaded import LoadedObjects
+    from importwatch.facts.mapped import MappedObjects
     from importwatch.tracing.hook import TracedStep, Tracer
 
 
 _TORCH = ("libc10", "libtorch", "libshm", "libcaffe2")  # torch's own libraries, by name stem
-
-
-def _dists() -> Any:
-    """importwatch.facts.dists, loaded when a load first needs it (an extension that links torch or CUDA).
-
-    Not through the import system: the hook would log it as the program's import, in the middle
-    of the load; nor at start-up, which it would make 0.1 ms slower for every traced program.
-    """
-    module = sys.modules.get("importwatch.facts.dists")
-    if module is None:
-        name, path = (
-            "importwatch.facts.dists",
-            os.path.join(os.path.dirname(os.path.dirname(__file__)), "facts", "dists.py"),
-        )
-        loader = _external.SourceFileLoader(name, path)
-        module = _bootstrap.module_from_spec(_bootstrap.spec_from_loader(name, loader))
-        loader.exec_module(module)  # it imports only os, already loaded
-        sys.modules[name] = module
-    return module
 
 
 def _call(function: Callable, *args: Any) -> Any:
@@ -80,6 +58,17 @@ class NativeLoads:
         self._objects: MappedObjects | None = None
         # The loader's own list, once the program has imported ctypes: False where it cannot be read.
         self._loaded: LoadedObjects | bool | None = None
+
+    def fact(self, name: str) -> Any:
+        """importwatch.facts.NAME (elf, cuda, loaded, mapped, dists), imported on the first load that needs it.
+
+        Not at start-up, which they would make slower for every traced program, loads or not; and
+        through import_own, so that no line of ours stands among the program's. What they import
+        of ours must be imported first, the same way: cuda imports elf.
+        """
+        if name == "cuda":
+            self.tracer.import_own("importwatch.facts.elf")
+        return self.tracer.import_own("importwatch.facts." + name)
 
     def install(self) -> None:
         if self._create_module is None:
@@ -159,8 +148,9 @@ class NativeLoads:
         """The start line and any verdict, before dlopen; True when the mapped set may grow."""
         path = fields["path"]
         try:
-            info = read_dynamic(path) if os.sep in path else None  # a bare ctypes name is no file yet
-            needs = cuda_needs(info.needed) if info is not None else []
+            elf = self.fact("elf")
+            info = elf.read_dynamic(path) if os.sep in path else None  # a bare ctypes name is no file yet
+            needs = elf.cuda_needs(info.needed) if info is not None else []
         except Exception as error:  # never let our reading of the file stop the load
             self.tracer.internal_error("reading ELF", error)
             info, needs = None, []
@@ -170,7 +160,8 @@ class NativeLoads:
         if self._loaded is None:
             self._start_loaded()
         try:
-            if needs or (info is not None and any(library_stem(n).startswith(_TORCH) for n in info.needed)):
+            stem = self.fact("elf").library_stem
+            if needs or (info is not None and any(stem(n).startswith(_TORCH) for n in info.needed)):
                 self._say_verdicts(frame, path, info)
             if info is None or self._loaded:  # the loader's counters make a look cheap
                 return True
@@ -183,17 +174,18 @@ class NativeLoads:
     def torch_facts(self) -> tuple[TorchFacts | None, str | None]:
         """torch and the driver as their files describe them, read once, when first needed."""
         if self._facts is None:
-            self._facts = (find_torch(), driver_version())
+            cuda = self.fact("cuda")
+            self._facts = (cuda.find_torch(), cuda.driver_version())
         return self._facts
 
     def _say_verdicts(self, frame: TracedStep, path: str, info: DynamicInfo) -> None:
         torch, driver = self.torch_facts()
-        verdicts = native_verdicts(path, info, torch, driver)
+        verdicts = self.fact("cuda").native_verdicts(path, info, torch, driver)
         # torch's own files need no pin against torch; skipping them also spares `import torch`
         # the read of torch's RECORD (14,000 lines, about 20 ms).
         if torch is not None and not path.startswith(os.path.join(torch.path, "")):
             # What the owner's metadata says (the torch it was built for) is the decisive fact: first.
-            dists = _dists()
+            dists = self.fact("dists")
             if self._owners is None:
                 self._owners = dists.Owners()
             owner = self._owners.owner(path)
@@ -207,7 +199,7 @@ class NativeLoads:
 
     def _explain(self, message: str, path: str) -> None:
         torch, _ = self.torch_facts()
-        cause = explain_load_error(message, path, torch)
+        cause = self.fact("cuda").explain_load_error(message, path, torch)
         if cause:
             self.sink.event(VERDICT, {"verdict": cause, "path": path})
 
@@ -217,7 +209,7 @@ class NativeLoads:
 
     def _mapped(self) -> MappedObjects:
         if self._objects is None:
-            self._objects = MappedObjects()
+            self._objects = self.fact("mapped").MappedObjects()
         return self._objects
 
     def _pulled_in(self, rescan: bool, path: str, fields: dict[str, Any]) -> None:
@@ -257,7 +249,7 @@ class NativeLoads:
         if ctypes is None or getattr(getattr(ctypes, "__spec__", None), "_initializing", False):
             return  # not yet; ctypes's own import loads _ctypes before it defines what we need
         try:
-            self._loaded = LoadedObjects(ctypes)  # what is loaded now is its baseline
+            self._loaded = self.fact("loaded").LoadedObjects(ctypes)  # what is loaded now is its baseline
         except Exception:  # no dl_iterate_phdr, a ctypes that is not the standard one, ...
             self._loaded = False
 

@@ -143,7 +143,9 @@ class Session:
         Two parts waiting for one module both run, each on its own (see Tracer.safely).
         """
         tracer = self.tracer
-        tracer.on_start["torch"] = lambda _: banner.torch_before(self.sink, *self.native.torch_facts())
+        tracer.on_start["torch"] = lambda _: banner.torch_before(
+            self.sink, self.native.fact("cuda"), *self.native.torch_facts()
+        )
         tracer.on_end["torch"] = lambda torch: banner.torch_loaded(self.sink, torch)
         arrivals = [*self.doors.arrivals().items(), *self.native.arrivals().items()]
         arrivals += [
