@@ -185,6 +185,8 @@ class _Reader:
 
     def json_lines(self, lines: list[str], before: int) -> int:
         """As text_lines, for JSON Lines: the clock of a line is written only if the summary shows it."""
+        # The loop's head repeats text_lines' on purpose: a shared generator would add a call to
+        # each of a large log's million lines, which is this reader's whole budget.
         base = before + 1
         who_of = self.who.get
         ended = self.timeline.ended  # the parent's nested time, and on_end: as Timeline counts them
