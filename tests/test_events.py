@@ -35,6 +35,8 @@ EXAMPLES: list[tuple[str, dict, int]] = [
         1,
     ),
     (events.PHASE, {"name": "load model", "timeout": 600.0}, 0),
+    (events.PHASE, {"name": "warm (up)", "timeout": 0.25}, 1),
+    (events.PHASE, {"name": "no timeout of its own", "timeout": None}, 0),
     (events.PHASE_END, {"name": "load model", "ms": 1234.5}, 0),
     (events.PHASE_END, {"name": "load 2 ms", "ms": 2.0, "error": "ValueError: x"}, 1),
     (events.CHECKPOINT, {"name": "weights read"}, 1),
@@ -67,8 +69,52 @@ EXAMPLES: list[tuple[str, dict, int]] = [
     ),
     (events.ENV, {"message": "CUDA_VISIBLE_DEVICES=0", "env": {"CUDA_VISIBLE_DEVICES": "0"}}, 0),
     (
+        events.ENV,
+        {
+            "message": "LD_LIBRARY_PATH=/opt/my libs:/x NCCL_DEBUG= TORCH_x=a=b",
+            "env": {"LD_LIBRARY_PATH": "/opt/my libs:/x", "NCCL_DEBUG": "", "TORCH_x": "a=b"},
+        },
+        0,
+    ),
+    (events.ENV, {"message": events.NO_ENV, "env": {}}, 0),
+    (
         events.TORCH,
         {"message": "2.3.1 (built for CUDA 12.1) at /t", "version": "2.3.1", "cuda": "12.1", "path": "/t"},
+        0,
+    ),
+    (
+        events.TORCH,
+        {
+            "message": "2.13.0+cpu (CPU build, no CUDA) at /my venvs/a (b)/torch",
+            "version": "2.13.0+cpu",
+            "cuda": None,
+            "path": "/my venvs/a (b)/torch",
+        },
+        0,
+    ),
+    (
+        events.TORCH,
+        {
+            "message": "2.3.1+cu121 (built for CUDA 12.1) at /site dir/torch; CUDA runtime: libcudart.so.12 "
+            "(torch/lib); driver: 550.54.14, 2 GPUs (NVIDIA H200); CUDA_VISIBLE_DEVICES=0"
+            + events.BEFORE_IMPORT,
+            "version": "2.3.1+cu121",
+            "cuda": "12.1",
+            "path": "/site dir/torch",
+            "driver": "550.54.14",
+        },
+        0,
+    ),
+    (
+        events.TORCH,
+        {
+            "message": "? (version unknown: no torch/version.py) at /t; driver: none (no /proc/driver/nvidia/version)"
+            + events.BEFORE_IMPORT,
+            "version": None,
+            "cuda": None,
+            "path": "/t",
+            "driver": None,
+        },
         0,
     ),
     (
@@ -85,11 +131,61 @@ EXAMPLES: list[tuple[str, dict, int]] = [
     (events.STALL_THREAD, {"chain": "Thread-2: a > b (3.0 s)"}, 0),
     (events.STALL_CONTEXT, {"context": "! a verdict said before"}, 0),
     (events.STALL_THREADS, {"threads": "0x7f01=MainThread"}, 0),
-    (events.BUSY, {"message": "MainThread used 98% of a CPU just now", "cpu": 0.98}, 0),
+    (
+        events.BUSY,
+        {"message": "MainThread used 98% of a CPU just now (or waited for one); slow work ends", "cpu": 0.98},
+        0,
+    ),
     (events.RESUMED, {"message": " after 31.0 s: fastkern ended", "name": "fastkern", "seconds": 31.0}, 0),
     (
+        events.RESUMED,
+        {
+            "message": " after 2.5 s: phase load ended (stacks dumped in /j/run.log, not on this terminal)",
+            "name": "phase load",
+            "seconds": 2.5,
+        },
+        0,
+    ),
+    (events.RESUMED, {"message": ": progress again after a stall; stacks dumped above"}, 0),
+    (
         events.OUTSIDE,
-        {"message": "MainThread sleeping in dlopen", "verdict": "waiting", "thread_name": "T", "tid": 7},
+        {
+            "message": "waiting: MainThread sleeping in futex_wait_queue, 0% CPU over the last 2.0 s; "
+            "not using CPU: blocked, not slow; in flight: MainThread: fastkern (2.1 s)",
+            "verdict": "waiting",
+        },
+        0,
+    ),
+    (
+        events.OUTSIDE,
+        {
+            "message": "T (tid 7, python3): sleeping in futex_wait_queue, 0% CPU: waiting; waits on a lock",
+            "verdict": "waiting",
+            "thread_name": "T",
+            "tid": 7,
+        },
+        0,
+    ),
+    (
+        events.OUTSIDE,
+        {
+            "message": "importwatch-heartbeat (tid 9): importwatch's heartbeat (ours)",
+            "thread_name": "importwatch-heartbeat",
+            "tid": 9,
+        },
+        0,
+    ),
+    (
+        events.OUTSIDE,
+        {
+            "message": "most likely initialising: /s p/libx.so (innermost new library on its stack)",
+            "initialising": "/s p/libx.so",
+        },
+        0,
+    ),
+    (
+        events.OUTSIDE,
+        {"message": "mapped since dlopen /s/_k.so began: libx.so", "mapped": ["/s p/libx.so"]},
         0,
     ),
     (
@@ -97,7 +193,45 @@ EXAMPLES: list[tuple[str, dict, int]] = [
         {"message": "pid 9 gdb is debugging it: left as it is, not killed (--exit-on-stall)"},
         0,
     ),
-    (events.DIED, {"message": "process 7 was killed by SIGKILL", "status": 9, "chain": "MainThread: a"}, 0),
+    (
+        events.DIED,
+        {
+            "message": "process 7 was killed by SIGKILL (the OOM killer, a scheduler or kill -9) after 3.0 s "
+            "with in flight: MainThread: a (2.0 s)",
+            "status": 9,
+            "chain": "MainThread: a (2.0 s)",
+        },
+        0,
+    ),
+    (
+        events.DIED,
+        {
+            "message": "process 7 was killed by SIGSEGV, core dumped after 0.5 s with in flight: T: a > b (0.1 s)",
+            "status": 11 | 0x80,
+            "chain": "T: a > b (0.1 s)",
+        },
+        0,
+    ),
+    (
+        events.DIED,
+        {
+            "message": "process 7 exited with status 1, ended by --exit-on-stall after the stall report "
+            "after 31.0 s with in flight: MainThread: a (31.0 s)",
+            "status": 1 << 8,
+            "chain": "MainThread: a (31.0 s)",
+        },
+        0,
+    ),
+    (
+        events.DIED,
+        {
+            "message": "process 7 ended without a clean exit (its exit status was gone before the watcher "
+            "could read it) after 1.0 s with in flight: MainThread: a (1.0 s)",
+            "status": None,
+            "chain": "MainThread: a (1.0 s)",
+        },
+        0,
+    ),
     (events.EXIT, {"status": 1, "message": "--exit-on-stall"}, 0),
     (events.EXIT, {"status": None, "message": "the program is waiting, not busy: killing it"}, 0),
     (events.FORK, {"parent": 4711}, 0),
@@ -164,3 +298,23 @@ def test_a_line_not_as_we_write_its_kind_reads_as_other() -> None:
     ):
         event = read_line(line)
         assert event.kind == events.OTHER and event.fields == {"message": event.text}, line
+
+
+def test_a_thread_name_in_another_script_reads_back_escaped_from_both_lines(tmp_path: Path) -> None:
+    name = "W\u00f6rker \u7ebf\u7a0b"
+    message = f"{name} (tid 8, pt_main): running, 97% CPU: busy"
+    fields = {"message": message, "verdict": "busy", "thread_name": name, "tid": 8}
+    null = os.open(os.devnull, os.O_WRONLY)
+    read = []
+    for log in ("a.log", "a.jsonl"):
+        sink = Sink(null)
+        sink.set_stderr("none")
+        assert sink.open_log(str(tmp_path / log))
+        sink.event(events.OUTSIDE, fields)
+        sink.close_log()
+        line = (tmp_path / log).read_text()
+        assert line.isascii()
+        read.append(read_line(line).data())
+    os.close(null)
+    escaped = "W\\xf6rker \\u7ebf\\u7a0b"
+    assert read[0] == read[1] == {**fields, "message": message.replace(name, escaped), "thread_name": escaped}

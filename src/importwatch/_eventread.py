@@ -8,13 +8,18 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 
 from importwatch.events import (
     _EXIT_OUTSIDE,
     _HEADS,
     _MAX_ID,
     _PROSE,
+    BEFORE_IMPORT,
+    BUSY,
     CHECKPOINT,
+    DIED,
+    ENV,
     EXIT,
     FORK,
     IMPORT,
@@ -25,11 +30,15 @@ from importwatch.events import (
     MAX_TIME,
     NATIVE,
     NATIVE_END,
+    NO_ENV,
     OTHER,
+    OUTSIDE,
     PHASE,
+    RESUMED,
     STALL,
     START,
     STEP,
+    TORCH,
     render,
 )
 
@@ -180,6 +189,40 @@ class _Parser:
         # (Without "without progress" in the lines of older versions.)
         self.stall = re.compile(rf"^{number} s(?: without progress)?; in flight: (\S+?): (.*)$", re.DOTALL)
         self.exit = re.compile(r"^(\d{1,10}) \((.*)\)$", re.DOTALL)
+        # A phase's own timeout, as events._timeout writes it.
+        self.phase_timeout = re.compile(
+            r"^(.*) \(timeout (\d{1,20}(?:\.\d{1,20})?(?:e[+-]\d{1,3})?) s\)$", re.DOTALL
+        )
+        # What the prose of some kinds shows, read back into their fields (events.EXTRAS lists the rest).
+        # torch: `VERSION (BUILD) at PATH`; before import, then `; CUDA runtime: ...; driver: ...`.
+        self.torch = re.compile(r"^(\S+) \((?:built for CUDA (\S+)|[^()]*)\) at (.*)$", re.DOTALL)
+        # Before import, the driver's part: `VERSION, N GPUs (MODELS)` (or `none (...)`).
+        self.gpus = re.compile(r"\d{1,6} GPUs?(?: \(.*\))?", re.DOTALL)
+        self.env_name = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+        # Each NAME=VALUE after the first begins at a space before a name (upper case, as all of ours).
+        self.env_split = re.compile(r" (?=[A-Z][A-Za-z0-9_]*=)")
+        self.busy = re.compile(r"^.* used (\d{1,4})% of a CPU just now", re.DOTALL)
+        self.resumed = re.compile(rf"^ after {number} s: (.*) ended$", re.DOTALL)
+        self.died = re.compile(
+            rf"^process \d{{1,10}} (.*?) after {number} s with in flight: (.*)$", re.DOTALL
+        )
+        self.killed = re.compile(
+            r"^was killed by (?:(SIG[A-Z0-9+]+)|signal (\d{1,3}))(?: \([^()]*\))?(, core dumped)?$"
+        )
+        self.exited = re.compile(r"^exited with status (\d{1,3})(?:[ ,].*)?$", re.DOTALL)
+        # The watcher's line on one thread: `LABEL (tid N, COMM): STATE: VERDICT[; WAITS]`, or
+        # `LABEL (tid N): WHAT` for one of ours.
+        self.outside_thread = re.compile(r"^(\S.*?) \(tid (\d{1,10})(?:, (.{1,64}?))?\): (.*)$", re.DOTALL)
+        self.thread_verdict = re.compile(r"^.*?: ([a-z]+)(?:; .*)?$", re.DOTALL)
+        self.initialising = re.compile(r"^most likely initialising: (.*) \([^()]*\)$", re.DOTALL)
+        self.shown = {
+            TORCH: self._torch,
+            ENV: self._env,
+            BUSY: self._busy,
+            RESUMED: self._resumed,
+            OUTSIDE: self._outside,
+            DIED: self._died,
+        }
         self.signal = re.compile(r"^(\S+) to child (\d{1,10}) \((.*)\)$", re.DOTALL)
         # NaN and Infinity are not JSON: refused as they are read. The scanner alone, not json.loads:
         # one call per line, nothing else (a log holds millions).
@@ -261,7 +304,7 @@ class _Parser:
                     event.name, _, detail = rest.partition(" ")
                     event.fields = {"detail": detail}
                 else:
-                    event.name = rest
+                    self._phase(event, rest)
             else:
                 event.kind = f"{what}_end"
                 self._ended(event, (self.phase_end if what == PHASE else self.end).match(rest))
@@ -270,6 +313,15 @@ class _Parser:
         else:
             event.kind = IMPORT_END
             self._ended(event, self.end.match(rest))
+
+    def _phase(self, event: Event, rest: str) -> None:
+        match = self.phase_timeout.match(rest)
+        timeout = float(match.group(2)) if match is not None else None
+        if timeout is not None and timeout - timeout == 0:  # 1e999 reads as infinity: not ours
+            event.name = match.group(1)
+        else:
+            event.name, timeout = rest, None
+        event.fields = {"timeout": timeout}
 
     @staticmethod
     def _ended(event: Event, match: Any) -> None:
@@ -281,6 +333,9 @@ class _Parser:
         """The fields of a line that is not nested; REST is what follows its head."""
         if kind in _PROSE:
             event.fields = {_PROSE[kind][1]: rest}
+            shown = self.shown.get(kind)
+            if shown is not None:
+                event.fields.update(shown(rest))
             return
         fields: dict[str, Any] | None = None
         if kind == START:
@@ -310,6 +365,96 @@ class _Parser:
         if fields is None:  # not as we write it (an older version's line, or a forged one)
             event.kind, fields = OTHER, {"message": event.text}
         event.fields = fields
+
+    # -- the fields that a kind's prose shows (all or none: a line not as we write it gives none) --
+    def _torch(self, rest: str) -> dict[str, Any]:
+        before = rest.endswith(BEFORE_IMPORT)
+        match = self.torch.match(rest[: -len(BEFORE_IMPORT)] if before else rest)
+        if match is None:
+            return {}
+        version, cuda, where = match.groups()
+        if not before:
+            return {"version": version, "cuda": cuda, "path": where}
+        # `PATH[; CUDA runtime: ...]; driver: ...[; CUDA_VISIBLE_DEVICES...]`, cut where each part begins
+        # (string searches: a regular expression of these optional parts backtracks for minutes on
+        # a forged line).
+        where, found, said = where.partition("; driver: ")
+        if not found:
+            return {}
+        where = where.partition("; CUDA runtime: ")[0]
+        said = said.partition("; CUDA_VISIBLE_DEVICES")[0]
+        driver: str | None = None
+        if not said.startswith("none ("):
+            driver, comma, gpus = said.partition(", ")
+            if not comma or self.gpus.fullmatch(gpus) is None:
+                return {}
+        # From the files, a missing torch/version.py shows as `?` (and its build says so).
+        return {"version": None if version == "?" else version, "cuda": cuda, "path": where, "driver": driver}
+
+    def _env(self, rest: str) -> dict[str, Any]:
+        if rest == NO_ENV:
+            return {"env": {}}
+        variables = {}
+        for pair in self.env_split.split(rest):
+            name, equals, value = pair.partition("=")
+            if not equals or not self.env_name.fullmatch(name):
+                return {}
+            variables[name] = value
+        return {"env": variables}
+
+    def _busy(self, rest: str) -> dict[str, Any]:
+        match = self.busy.match(rest)
+        return {"cpu": int(match.group(1)) / 100} if match is not None else {}
+
+    def _resumed(self, rest: str) -> dict[str, Any]:
+        # ` after 2.0 s: NAME ended`, then ` (stacks dumped above)` or `... in PATH, not on this terminal)`
+        # when faulthandler dumped them.
+        dumped = rest.rfind(" (stacks dumped ")
+        if dumped >= 0 and rest.endswith((" (stacks dumped above)", ", not on this terminal)")):
+            rest = rest[:dumped]
+        match = self.resumed.match(rest)
+        return {"name": match.group(2), "seconds": _ms(match.group(1))} if match is not None else {}
+
+    def _died(self, rest: str) -> dict[str, Any]:
+        match = self.died.match(rest)
+        if match is None:
+            return {}
+        how, _, chain = match.groups()
+        status: int | None
+        killed, exited = self.killed.match(how), self.exited.match(how)
+        if killed is not None:  # a wait status: the signal, and 0x80 for a core dump
+            name, number, core = killed.groups()
+            try:
+                status = int(number) if number is not None else int(signal.Signals[name])
+            except KeyError:
+                return {}
+            status |= 0x80 if core else 0
+        elif exited is not None:
+            status = int(exited.group(1)) << 8
+        elif how.startswith("ended without a clean exit"):
+            status = None
+        else:
+            return {}
+        return {"status": status, "chain": chain}
+
+    def _outside(self, rest: str) -> dict[str, Any]:
+        for head, verdict in _OUTSIDE_HEADLINES:
+            if rest.startswith(head) and "; in flight: " in rest:
+                return {"verdict": verdict}
+        if rest.startswith("most likely initialising: "):
+            match = self.initialising.match(rest)
+            return {"initialising": match.group(1)} if match is not None else {}
+        match = self.outside_thread.match(rest)
+        if match is None:
+            return {}
+        label, tid, comm, said = match.groups()
+        fields: dict[str, Any] = {"thread_name": label, "tid": _bounded(int(tid))}
+        if comm is not None:  # a thread of the program's: its verdict follows its state
+            verdict = self.thread_verdict.match(said)
+            if verdict is None:
+                return {}
+            fields["verdict"] = verdict.group(1)
+        return fields
 
     def _start(self, rest: str) -> dict[str, Any] | None:
         import ast
@@ -379,6 +524,8 @@ class _Parser:
 
 
 _HEADER = frozenset(("time", "pid", "thread", "rank", "kind", "text"))
+# The heads of the watcher's report headline, by its verdict (watcher/outside.py's words).
+_OUTSIDE_HEADLINES = (("waiting: ", "waiting"), ("busy, not stuck: ", "busy"), ("stopped: ", "stopped"))
 
 
 def _take(event: Event, key: str, value: Any) -> None:

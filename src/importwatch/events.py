@@ -7,9 +7,10 @@ the same fields. Readers (report, bisect, doctor, the watcher) get an Event back
 from either line with read_line() and use its fields, never the text.
 
 Each kind's fields are carried by both renderings, so event -> text -> event and
-event -> JSON -> event give the same fields (durations to the text's three
-decimals). A few kinds also carry details only a JSON line has room for (EXTRAS:
-an import's parent, a stall's list of chains); a text log leaves them out.
+event -> JSON -> event give the same fields (durations and shares to the text's
+digits). A few kinds also carry details that a text log gives by the lines
+around it, or has no room for (EXTRAS: an import's parent, a stall's list of
+chains); a text line leaves them out.
 
 Logs may come from anywhere (a shared folder, a bug report): every string an
 Event carries is printable ASCII (the rest escaped, as the writer escapes it),
@@ -42,7 +43,7 @@ IMPORT = "import"  # name
 IMPORT_END = "import_end"  # name, ms, error
 NATIVE = "native"  # path, owner, needs (the CUDA libraries it links)
 NATIVE_END = "native_end"  # path, ms, error, mapped (the shared objects the load brought)
-PHASE = "phase"  # name
+PHASE = "phase"  # name, timeout (its own, None for the process's)
 PHASE_END = "phase_end"  # name, ms, error
 CHECKPOINT = "checkpoint"  # name
 STEP = "step"  # name, detail
@@ -50,16 +51,18 @@ STEP_END = "step_end"  # name, ms, error
 VERDICT = "verdict"  # verdict: what is wrong with a native load, a blocking step or the driver
 WARNING = "warning"  # message: importwatch's own trouble (a log it cannot open, an internal error)
 START = "start"  # python, executable, argv, cwd, platform, dumps
-ENV = "env"  # message (the relevant variables)
-TORCH = "torch"  # message (its version, build and place)
-STALL = "stall"  # seconds, stalled (the thread), chain (what it has in flight)
+ENV = "env"  # message, env (the relevant variables, as NAME=VALUE)
+TORCH = "torch"  # message (its version, build and place): version, cuda, path; driver before import
+STALL = "stall"  # seconds, stalled (the thread), chain (what it has in flight); chains, report
 STALL_THREAD = "stall_thread"  # chain: another thread in flight at a stall
 STALL_CONTEXT = "stall_context"  # context
 STALL_THREADS = "stall_threads"  # threads: faulthandler's addresses and their names
-BUSY = "busy"  # message
-RESUMED = "resumed"  # message
-OUTSIDE = "outside"  # message: the watcher's look from outside
-DIED = "died"  # message: the watcher's line when the program died with something in flight
+BUSY = "busy"  # message, cpu (the share of a CPU it shows)
+RESUMED = "resumed"  # message; name, seconds when a step ended
+OUTSIDE = (
+    "outside"  # message: the watcher's look from outside; verdict, thread_name, tid, initialising, mapped
+)
+DIED = "died"  # message: the watcher's line when the program died with something in flight; status, chain
 EXIT = "exit"  # status (None: the watcher ends the program), message: ended on purpose
 FORK = "fork"  # parent (pid)
 SIGNAL = "signal"  # signal, child (pid), via: a parent signals its child
@@ -71,22 +74,33 @@ KINDS = frozenset(
 KINDS |= frozenset((DIED, EXIT, FORK, SIGNAL, OTHER))
 # Kinds whose text line is indented by the event's depth in its thread.
 NESTED = frozenset((IMPORT, IMPORT_END, NATIVE, NATIVE_END, PHASE, PHASE_END, CHECKPOINT, STEP, STEP_END))
-# What only a JSON line carries, per kind (see the module's docstring). No field may be named as a
-# JSON line's own keys (time, pid, thread, rank, kind, text): the Sink writes those.
+# What only a JSON line carries, per kind (see the module's docstring); every other field of a kind
+# is on its text line and read back from it. No field may be named as a JSON line's own keys (time,
+# pid, thread, rank, kind, text): the Sink writes those. Why each stays:
+# - import, import_end `parent`: the enclosing import, which a text log gives by indentation (the
+#   start line before it, one level out); `waits_for` (the thread holding the module's lock) and
+#   `origin` (the file a loader ran outside an import statement) of the import lines the doors
+#   write: an import's two lines keep the one shape the hook writes inline on the hot path.
+# - native_end `owner`, `needs`: said by the load's start line, `> dlopen PATH (OWNER) needs ...`.
+# - verdict `path`: the native load it is about, the `dlopen` line next to it in the same thread
+#   (the start line before it, or the failed end line before an explanation).
+# - stall `chains`: the stalled thread's chain (this line's) and the `also in flight` lines after
+#   it; `report`: which report of this stall it is, as the STALL lines before it for the same
+#   thread and step count since its last progress.
+# - outside `mapped`: the full paths of what a stalled load mapped (often tens of long paths); the
+#   line names their files, and the load's end line lists the paths.
 EXTRAS = {
     IMPORT: ("parent", "waits_for", "origin"),
     IMPORT_END: ("parent",),
     NATIVE_END: ("owner", "needs"),
     VERDICT: ("path",),
-    PHASE: ("timeout",),
-    ENV: ("env",),
-    TORCH: ("version", "cuda", "path", "driver"),
     STALL: ("chains", "report"),
-    BUSY: ("cpu",),
-    RESUMED: ("name", "seconds"),
-    OUTSIDE: ("verdict", "thread_name", "tid", "mapped"),
-    DIED: ("status", "chain"),
+    OUTSIDE: ("mapped",),
 }
+# The env line when none of the variables it shows is set.
+NO_ENV = "(no CUDA, library path or distributed variable is set)"
+# The tail of the torch line written from torch's files, before it imports.
+BEFORE_IMPORT = " (from its files, before import)"
 
 # Kinds that are one line of prose after a fixed head, and the field that holds the prose.
 _PROSE = {
@@ -241,6 +255,14 @@ def _native_end(fields: dict) -> str:
     return f"< dlopen {fields['path']}{_ended(fields)}{listing}"
 
 
+def _timeout(timeout: float | None) -> str:
+    """A phase's own timeout on its start line, ` (timeout 2.5 s)`, in as many digits as read it back."""
+    if timeout is None:
+        return ""
+    text = float.__repr__(float(timeout))
+    return f" (timeout {text[:-2] if text.endswith('.0') else text} s)"
+
+
 def _start(fields: dict) -> str:
     text = (
         f"start python {fields['python']} {fields['executable']} argv={fields['argv']!r} cwd={fields['cwd']}"
@@ -263,7 +285,7 @@ _RENDER: dict[str, Callable[[dict], str]] = {
     IMPORT_END: lambda f: f"< {f['name']}{_ended(f)}",
     NATIVE: _native,
     NATIVE_END: _native_end,
-    PHASE: lambda f: f"> phase {f['name']}",
+    PHASE: lambda f: f"> phase {f['name']}{_timeout(f.get('timeout'))}",
     PHASE_END: lambda f: f"< phase {f['name']}{_ended(f)}",
     CHECKPOINT: lambda f: f"checkpoint {f['name']}",
     STEP: lambda f: f"> step {f['name']} {f['detail']}",

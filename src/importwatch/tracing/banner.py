@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import sys
 
-from importwatch.events import ENV, START, TORCH, VERDICT
+from importwatch.events import ENV, NO_ENV, START, TORCH, VERDICT
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -110,7 +110,7 @@ def write_banner(sink: Sink, argv: list[str]) -> None:
     variables = relevant_environment()
     text = " ".join(f"{name}={value}" for name, value in variables.items())
     if not text:
-        text = "(no CUDA, library path or distributed variable is set)"
+        text = NO_ENV
     sink.event(ENV, {"message": text, "env": variables})
 
 

@@ -400,7 +400,7 @@ class Watchdog:
                 f"{culprit_name} used {used:.0%} of a CPU just now "
                 "(or waited for one); slow work such as CUDA JIT compiling PTX or a build ends by itself"
             )
-            sink.event(BUSY, {"message": message, "cpu": share})
+            sink.event(BUSY, {"message": message, "cpu": used})  # the share the line shows
         self._thread_map()
         self._dump(b"Stacks of all threads (most recent call first):\n")
         ends = self.exit_on_stall and not busy and not ended
