@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from helpers import clean_env
-from importwatch.events import parse_line
+from importwatch.events.read import parse_line
 from importwatch.tracing.blocking import Rendezvous
 
 try:

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from importwatch import events
-from importwatch.events import EXTRAS, KINDS, read_line
+from importwatch.events import EXTRAS, KINDS
+from importwatch.events.read import read_line
 from importwatch.tracing.sink import Sink
 
 # One event of every kind, with every field its writer passes (durations as a text line keeps them:

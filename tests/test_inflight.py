@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from importwatch.events import IMPORT, NATIVE, parse_line
+from importwatch.events import IMPORT, NATIVE
+from importwatch.events.read import parse_line
 from importwatch.inflight import InFlight, Started, close
 
 SO = "/venv/fastkern/_kernels.cpython-311-x86_64-linux-gnu.so"

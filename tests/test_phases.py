@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from helpers import clean_env, importwatch
-from importwatch.events import parse_line
+from importwatch.events.read import parse_line
 
 # Variables that would change what a traced child does; every test starts without them.
 

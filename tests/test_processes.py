@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from helpers import clean_env, importwatch
-from importwatch.events import parse_line
+from importwatch.events.read import parse_line
 
 
 def write_script(tmp_path: Path, source: str) -> Path:

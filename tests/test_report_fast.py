@@ -1,7 +1,7 @@
 """The summary's fast reading of import lines (fastread.py) says what reading every line as an event says.
 
 `importwatch report LOG` runs as a user runs it; the reference is the same log read
-the general way (events.read_line, then Timeline.add for every line), in this process.
+the general way (events.read.read_line, then Timeline.add for every line), in this process.
 The logs are crafted at every edge of the fast path: lines it must leave to the
 general path (escapes, ranks, failures, natives with spaces, modules named like
 other kinds, numbers out of range, nesting too deep, ends without their start, a
@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from importwatch.events import SIGNAL, BadLine
+from importwatch.events import SIGNAL
+from importwatch.events.read import BadLine
 from importwatch.tools.report import command as report_module
 from importwatch.tools.report.timeline import Skipped, Timeline, read_events
 from test_report_logs import _bench

@@ -14,7 +14,8 @@ import pytest
 
 from cbuild import FIXTURES, compile_extension, compile_shared, stand_in_torch
 from helpers import ROOT, clean_env
-from importwatch.events import VERDICT, WARNING, read_line
+from importwatch.events import VERDICT, WARNING
+from importwatch.events.read import read_line
 from test_report import hung_program, report, run_until_stalled
 
 FORMATS = ("summary", "tree", "importtime", "chrome")

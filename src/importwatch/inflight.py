@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
     S = TypeVar("S", bound="Started")  # the caller's steps: a report's tree nodes are steps too
 
-    from importwatch.events import Event
+    from importwatch.events.read import Event
 
 # The kind of an end line -> the kind of the start it closes.
 STARTED_BY = {IMPORT_END: IMPORT, NATIVE_END: NATIVE, PHASE_END: PHASE, STEP_END: STEP}

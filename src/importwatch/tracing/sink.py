@@ -1,4 +1,4 @@
-"""The sink: writes each event, rendered by the event model (events.py) as one ASCII line of text or JSON,
+"""The sink: writes each event, rendered by the event model (importwatch.events) as one ASCII line of text or JSON,
 flushed, to stderr, the log file and the watcher's feed."""
 
 from __future__ import annotations
@@ -454,7 +454,7 @@ class Sink:
 
     # -- writing -------------------------------------------------------------
     def event(self, kind: str, fields: dict, depth: int = 0) -> None:
-        """Write one event of KIND (see events.py) with FIELDS, at DEPTH in its thread (nested kinds)."""
+        """Write one event of KIND (see importwatch.events) with FIELDS, at DEPTH in its thread (nested kinds)."""
         body = render(kind, fields, depth)
         if not (body.isascii() and body.isprintable()):
             body = escape(body)

@@ -13,7 +13,7 @@ from importwatch.events import DIED, EXIT, VERDICT, WARNING, render
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from importwatch.events import Event
+    from importwatch.events.read import Event
     from importwatch.inflight import Started
     from importwatch.tracing.sink import Sink
     from importwatch.watcher import outside
@@ -160,7 +160,7 @@ class Watcher:
     # -- following the feed ------------------------------------------------------------------
     def take(self, data: bytes, now: float) -> None:
         """Apply the complete lines in DATA (a partial last line waits for the rest)."""
-        from importwatch.events import parse_line
+        from importwatch.events.read import parse_line
 
         data = self._buffer + data
         lines = data.split(b"\n")

@@ -9,7 +9,8 @@ import sys
 import threading
 import time
 
-from importwatch.events import IMPORT, NATIVE, VERDICT, parse_line
+from importwatch.events import IMPORT, NATIVE, VERDICT
+from importwatch.events.read import parse_line
 from importwatch.inflight import InFlight, Started
 from importwatch.signame import signal_name
 from importwatch.tools.children import kill_group, last_line
@@ -89,7 +90,7 @@ def grace(timeout: float) -> float:
 class LogState:
     """What a child's log says so far: the steps in flight per thread, what completed, what failed.
 
-    Fed the log's text as it grows; lines are parsed with events.parse_line.
+    Fed the log's text as it grows; lines are parsed with events.read.parse_line.
     """
 
     def __init__(self) -> None:

@@ -8,7 +8,8 @@ import sys
 import tempfile
 
 from importwatch import config
-from importwatch.events import OUTSIDE, VERDICT, parse_line
+from importwatch.events import OUTSIDE, VERDICT
+from importwatch.events.read import parse_line
 from importwatch.facts import cuda
 from importwatch.inflight import InFlight
 from importwatch.signame import signal_name
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from importwatch.config import Settings
-    from importwatch.events import Event
+    from importwatch.events.read import Event
     from importwatch.facts.cuda import TorchFacts
     from importwatch.inflight import Started
 

@@ -9,7 +9,8 @@ import os
 import sys
 from typing import NamedTuple
 
-from importwatch.events import DIED, EXIT, IMPORT, NATIVE, SIGNAL, BadLine
+from importwatch.events import DIED, EXIT, IMPORT, NATIVE, SIGNAL
+from importwatch.events.read import BadLine
 from importwatch.tools.report.fastread import read_summary
 from importwatch.tools.report.timeline import (
     Ending,

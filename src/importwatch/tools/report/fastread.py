@@ -6,7 +6,7 @@ Most lines of a log are an import's or a native load's start (`> NAME`) or end
 converted), and the Timeline's own work is done here inline: push the node, or pop
 it and count it. Every other line, and every such line that is not the plain case
 (a pid not yet seen, an end whose start is not on top of its thread, nesting too
-deep, a number out of range), takes the general path (events.read_line, then
+deep, a number out of range), takes the general path (events.read.read_line, then
 Timeline.add) unchanged: both paths leave the Timeline in the same state, so the
 summary is the same. docs/report-speed.md has the measurements.
 """
@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import re
 
-from importwatch.events import IMPORT, MAX_LINE, MAX_MS, MAX_TIME, NATIVE, SIGNAL, BadLine, Event
+from importwatch.events import IMPORT, MAX_LINE, MAX_MS, MAX_TIME, NATIVE, SIGNAL
+from importwatch.events.read import BadLine, Event
 from importwatch.tools.report.timeline import (
     MAX_DEPTH,
     Node,

@@ -21,11 +21,9 @@ from importwatch.events import (
     START,
     VERDICT,
     WARNING,
-    BadLine,
-    Event,
-    read_line,
     render,
 )
+from importwatch.events.read import BadLine, Event, read_line
 from importwatch.inflight import STARTED_BY, STARTS, Started, close
 
 TYPE_CHECKING = False
@@ -296,7 +294,7 @@ class Skipped:
 def read_events(path: str, skipped: Skipped | None = None) -> Iterator[Event]:
     """The events of the log at PATH, one at a time; LogError, in one line, when it is not a log.
 
-    Bad lines (see events.read_line) are counted in SKIPPED and left out. Read in
+    Bad lines (see events.read.read_line) are counted in SKIPPED and left out. Read in
     chunks: a line is never longer than events.MAX_LINE in memory, however long in the file.
     """
     skipped = skipped if skipped is not None else Skipped()

@@ -1,7 +1,7 @@
-"""The reading half of the event model (events.py): a text or a JSON line back into an Event.
+"""The reading half of the event model: a text or a JSON line back into an Event.
 
-Imported through events.py (`from importwatch.events import read_line`) on a reader's first use,
-never by the traced process, which only writes. See events.py for the kinds and their fields.
+Imported by the readers (report, bisect, doctor, the watcher), never by the traced process, which
+only writes. The package's __init__ has the kinds, their fields and both renderings.
 """
 
 from __future__ import annotations

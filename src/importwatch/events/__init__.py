@@ -20,8 +20,8 @@ another kind.
 
 This module is imported by the Sink at start-up inside the traced process, so it
 imports nothing and holds only what writing needs; the parser (with re and json)
-is its other half, importwatch/_eventread.py, which `from importwatch.events
-import read_line` (or Event, BadLine, clean, parse_line) loads on first use.
+is its other half, importwatch/events/read.py (Event, read_line, parse_line,
+BadLine, clean), which only readers import.
 """
 
 from __future__ import annotations
@@ -310,17 +310,3 @@ def render(kind: str, fields: dict, depth: int = 0) -> str:
         head, key = _PROSE.get(kind, _PROSE[OTHER])
         body = head + fields[key]
     return "  " * depth + body if kind in NESTED else body
-
-
-# The reading half of the model (Event, read_line, parse_line, BadLine, clean) lives in
-# importwatch/_eventread.py, loaded on a reader's first use: the traced process only writes,
-# and its start-up pays for this module alone (see the docstring).
-_READER = frozenset(("Event", "BadLine", "clean", "parse_line", "read_line"))
-
-
-def __getattr__(name: str) -> object:
-    if name in _READER:
-        from importwatch import _eventread
-
-        return getattr(_eventread, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
