@@ -161,6 +161,8 @@ class _Parser:
     """The regular expressions and the JSON scanner, made once."""
 
     def __init__(self) -> None:
+        # One piece on purpose: a table of the patterns of every line shape, compiled once; split up,
+        # the table would only be scattered.
         # [importwatch PID rRANK HH:MM:SS.mmm THREAD] BODY -- rRANK only in a distributed job (RANK or
         # LOCAL_RANK set), THREAD only when not the main thread. Bounded digits: int() of thousands of
         # digits is slow or refused, and no pid or rank is that long.
