@@ -41,6 +41,18 @@ ENTRY_POINTS = {
 }
 
 
+def _run_entry(entry: str, folder: Path, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
+    """Run ENTRY (a key of ENTRY_POINTS) in FOLDER with ENV, as a user would."""
+    return subprocess.run(
+        [sys.executable, *ENTRY_POINTS[entry]],
+        cwd=folder,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("entry", list(ENTRY_POINTS))
 def test_every_entry_point_merges_the_variables_alike(entry: str, tmp_path: Path) -> None:
@@ -48,14 +60,7 @@ def test_every_entry_point_merges_the_variables_alike(entry: str, tmp_path: Path
     (tmp_path / "test_probe.py").write_text("def test_probe():\n    import probe\n")
     out = tmp_path / "settings.json"
     env = clean_env(PYTHONPATH=str(tmp_path), PROBE_OUT=str(out), **VARIABLES)
-    done = subprocess.run(
-        [sys.executable, *ENTRY_POINTS[entry]],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=100,
-    )
+    done = _run_entry(entry, tmp_path, env, timeout=100)
     assert out.exists(), f"the probe did not run under {entry}: {done.stdout}{done.stderr}"
     assert json.loads(out.read_text()) == EXPECTED
     assert done.returncode == 0, done.stdout + done.stderr
@@ -80,14 +85,7 @@ def test_a_tool_warns_once_of_a_bad_variable_and_uses_the_default(entry: str, tm
     (tmp_path / "probe.py").write_text(PROBE)
     out = tmp_path / "settings.json"
     env = clean_env(PYTHONPATH=str(tmp_path), PROBE_OUT=str(out), IMPORTWATCH_TIMEOUT="soon")
-    done = subprocess.run(
-        [sys.executable, *ENTRY_POINTS[entry]],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=50,
-    )
+    done = _run_entry(entry, tmp_path, env, timeout=50)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stderr.count("IMPORTWATCH_TIMEOUT: expected a number of seconds, got 'soon'; using 30") == 1
     assert json.loads(out.read_text())["timeout"] == 30.0
