@@ -76,6 +76,8 @@ class _OutsideLook:
             share = outside.cpu_share(self.last[1], main, now - self.last[0]) if self.last else None
             self.last = (now, main)
             state = outside.verdict(main, share)
+            if state == outside.GONE:
+                return  # ended meanwhile (its watcher may end it): the view before the end stands
             cpu = f", {share * 100:.0f}% CPU" if share is not None else ""
             waits = outside.waits_on(self.pid, main) if state != outside.BUSY else None
             others = len(threads) - 1
