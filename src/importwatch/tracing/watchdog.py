@@ -403,7 +403,9 @@ class Watchdog:
             sink.event(BUSY, {"message": message, "cpu": used})  # the share the line shows
         self._thread_map()
         self._dump(b"Stacks of all threads (most recent call first):\n")
-        ends = self.exit_on_stall and not busy and not ended
+        # Looked at again after the dump, which takes a while on a loaded machine: a step that ended
+        # meanwhile has its end line written already (step_ended then waits for this report).
+        ends = self.exit_on_stall and not busy and not ended and self._on_chain(culprit, top)
         if ends and debugger:
             text = f"--exit-on-stall does not end it: a debugger, pid {debugger}, is attached"
             sink.event(STALL_CONTEXT, {"context": text})
@@ -415,6 +417,10 @@ class Watchdog:
                 hush(sink)
             os._exit(1)
         self._arm(since + self._limit(top) * _GROWTH**reports + _GRACE, now)
+
+    def _on_chain(self, ident: int, step: TracedStep) -> bool:
+        """Whether STEP is still in flight on thread IDENT's chain."""
+        return any(each is step for each in self.tracer.stacks.get(ident, ()))
 
     def _thread_map(self) -> None:
         """Each thread as faulthandler's dump names it (its address), and by name."""
