@@ -13,6 +13,7 @@ from importwatch.tools.children import kill_group, last_line
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Sequence
+    from typing import Any
 
 SAMPLE_INTERVAL = 0.25
 
@@ -76,8 +77,10 @@ class _OutsideLook:
             share = outside.cpu_share(self.last[1], main, now - self.last[0]) if self.last else None
             self.last = (now, main)
             state = outside.verdict(main, share)
-            if state == outside.GONE:
-                return  # ended meanwhile (its watcher may end it): the view before the end stands
+            if state == outside.GONE or _being_killed(outside, self.pid):
+                # Ended or ending (its watcher kills a stopped child; a stopped process runs for
+                # a moment to die): the view from before the end stands.
+                return
             cpu = f", {share * 100:.0f}% CPU" if share is not None else ""
             waits = outside.waits_on(self.pid, main) if state != outside.BUSY else None
             others = len(threads) - 1
@@ -87,6 +90,21 @@ class _OutsideLook:
             )
         except Exception:  # a look from outside may fail; the check goes on without it
             return
+
+
+def _being_killed(outside: Any, pid: int) -> bool:
+    """Whether PID has a SIGKILL pending or has ended: what it shows now is its end, not its hang."""
+    status = outside.read_file(f"/proc/{pid}/status", 1 << 16) or b""
+    for line in status.splitlines():
+        if line.startswith(b"State:") and line.split()[1:2] in ([b"Z"], [b"X"]):
+            return True
+        if line.startswith((b"SigPnd:", b"ShdPnd:")):
+            try:
+                if int(line.split()[1], 16) & (1 << (9 - 1)):
+                    return True
+            except (IndexError, ValueError):
+                pass
+    return not status
 
 
 def run_child(
