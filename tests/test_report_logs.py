@@ -18,7 +18,7 @@ from importwatch.events import VERDICT, WARNING
 from importwatch.events.read import read_line
 from test_report import hung_program, report, run_until_stalled
 
-FORMATS = ("summary", "tree", "importtime", "chrome")
+FORMATS = ("summary", "tree", "importtime", "chrome", "html")
 # Bytes no report may print raw: a terminal would act on them (ESC, BEL, CSI, backspace, ...).
 CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 EVIL = "\x1b]0;owned\x07\x1b[2J\x9b31m"
@@ -97,7 +97,7 @@ def test_a_crafted_jsonl_log_is_summarised_with_its_bad_lines_counted(tmp_path):
     # The escape sequences arrive escaped, as the writer itself escapes them.
     escaped = "\\x1b]0;owned\\x07\\x1b[2J\\x9b31m"
     assert f"! {escaped}" in out and f"  {escaped}\n" in out
-    for form in ("tree", "importtime", "chrome"):
+    for form in ("tree", "importtime", "chrome", "html"):
         assert f"{len(bad) + 2} lines could not be read" in results[form].stderr, form
     assert escaped in results["tree"].stdout and escaped in results["importtime"].stdout
     names = {e["name"] for e in json.loads(results["chrome"].stdout)["traceEvents"] if e["ph"] == "X"}

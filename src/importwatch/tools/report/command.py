@@ -12,6 +12,7 @@ from typing import NamedTuple
 from importwatch.events import DIED, EXIT, IMPORT, NATIVE, SIGNAL
 from importwatch.events.read import BadLine
 from importwatch.tools.report.fastread import read_summary
+from importwatch.tools.report.page import page
 from importwatch.tools.report.timeline import (
     Ending,
     LogError,
@@ -28,7 +29,7 @@ from importwatch.usage import UsageError, argument_parser, fail
 
 EXIT_OK = 0
 
-FORMATS = ("summary", "tree", "importtime", "chrome")
+FORMATS = ("summary", "tree", "importtime", "chrome", "html")
 TOP = 10
 UNFINISHED = " [unfinished]"
 IMPORTTIME_HEADER = "import time: self [us] | cumulative | imported package"
@@ -48,6 +49,9 @@ formats:
   importtime  python -X importtime's text, for tuna and importtime-waterfall;
               imports that never ended are named "NAME [unfinished]"
   chrome      a Chrome trace (JSON) for Perfetto, chrome://tracing, speedscope
+  html        one self-contained page for a browser (no network): what is stuck,
+              where and why first, then each thread's imports and native loads
+              drawn on a time line; hover or click a step for its details
 """
 
 
@@ -67,7 +71,7 @@ def _parser() -> argparse.ArgumentParser:
         type=float,
         default=0.0,
         metavar="X",
-        help="tree, importtime, chrome: leave out imports under X ms, except those leading to a kept one "
+        help="tree, importtime, chrome, html: leave out imports under X ms, except those leading to a kept one "
         "and those that never ended",
     )
     parser.add_argument(
@@ -93,7 +97,10 @@ def main(args: list[str]) -> int:
         return fail("--min-ms must be 0 or more")
     skipped = Skipped()
     try:
-        processes, text = _read(options.log, options.format, options.min_ms, options.pid, skipped)
+        if options.format == "html":
+            processes, text = page(options.log, options.min_ms, options.pid, skipped)
+        else:
+            processes, text = _read(options.log, options.format, options.min_ms, options.pid, skipped)
     except LogError as error:
         return fail(str(error))
     if not processes:
