@@ -7,6 +7,7 @@
   var KINDS = ["import", "native load", "phase", "blocking step"];
   var COLORS = ["#3b76d6", "#e08a1e", "#2e9e6a", "#8a5cc7"];
   var LIGHT = ["#9dbbeb", "#f0c48e", "#96cfb4", "#c4ade3"];
+  var SHADE = "#2f64bd";  // every other import by name, so that neighbours read as two bars
   var FAILED_COLOR = "#98a2b3", RED = "#d92d20";
   var AXIS = 26, LANE_HEAD = 20, ROW_H = 17, LANE_GAP = 8, MAX_HEIGHT = 16000;
   var root = document.documentElement;
@@ -167,7 +168,8 @@
           continue;
         }
         var left = Math.max(x0, -2), right = Math.min(x1, width + 2);
-        ctx.fillStyle = flags & FAILED ? FAILED_COLOR : (flags & STALLED ? LIGHT[kind] : COLORS[kind]);
+        ctx.fillStyle = flags & FAILED ? FAILED_COLOR : flags & STALLED ? LIGHT[kind] :
+          kind === 0 && rows[i * ROW + 4] & 1 ? SHADE : COLORS[kind];
         ctx.fillRect(left, y + 1, Math.max(right - left - 1, 1), ROW_H - 2);
         if (flags & STALLED) {
           ctx.strokeStyle = RED;

@@ -386,7 +386,7 @@ def _top(processes: list[Process], facts: list[_Facts]) -> str:
             f'<p class="dim">... and {len(troubled) - TOP} more processes that stalled or never ended (below).</p>'
         )
     if not troubled:
-        noun = "the process" if len(processes) == 1 else f"all {len(processes)} processes"
+        noun = {1: "the process", 2: "both processes"}.get(len(processes), f"all {len(processes)} processes")
         out.append(
             f'<p class="head ok"><span class="tag">No stall</span> In {noun}, every import, native load '
             "and phase that started, ended, and no stall was reported.</p>"
