@@ -337,6 +337,43 @@ def test_blocked_read_of_stdin_is_named_and_the_process_runs_on_unchanged(spawn,
     assert process.returncode == 0
 
 
+# -- a deep chain: the program's own frames are all shown, importlib's folded -------------------------------
+DEEP_MAIN = "import sys\nsys.path.insert(0, sys.argv[1])\nimport deep1\n"
+
+
+@pytest.mark.skipif(PYSPY is None and GDB is None, reason="needs py-spy or gdb")
+@pytest.mark.timeout(180)
+def test_a_deep_import_chain_shows_the_programs_outermost_frame_and_folds_importlibs(
+    spawn, tmp_path: Path
+) -> None:
+    # run.py:3 imports deep1, which imports deep2 ... deep5, which sleeps: over 30 frames, the
+    # outermost (the program's own line 3) far beyond the innermost 12.
+    for level in range(1, 5):
+        (tmp_path / f"deep{level}.py").write_text(f"import deep{level + 1}\n")
+    (tmp_path / "deep5.py").write_text("import time\nprint('up', flush=True)\ntime.sleep(600)\n")
+    (tmp_path / "run.py").write_text(DEEP_MAIN)
+    process = spawn(str(tmp_path / "run.py"), str(tmp_path))
+    assert process.stdout is not None and process.stdout.readline() == b"up\n"
+    helper = "py-spy" if PYSPY else "gdb"
+    done = inspect(process.pid, path=tools(tmp_path, helper))
+    out = done.stdout
+    assert done.returncode == 1, out + done.stderr
+    (line,) = [text for text in out.splitlines() if text.startswith("    python, outermost first: ")]
+    steps = line.split(": ", 1)[1].split(" > ")
+    # py-spy names a file relative to the process's folder where it can: the file's name is enough.
+    assert steps[0].startswith("<module> (") and steps[0].endswith("run.py:3)"), line
+    assert [
+        os.path.basename(step.split(" (")[1].split(":")[0]) for step in steps if step.startswith("<module>")
+    ] == ["run.py", "deep1.py", "deep2.py", "deep3.py", "deep4.py", "deep5.py"]
+    folded = [step for step in steps if step.startswith("... ")]
+    assert len(folded) == 5 and all(step.endswith(" importlib frames") for step in folded)
+    assert "[" not in line
+    report = json.loads(inspect(process.pid, "--json", path=tools(tmp_path, helper)).stdout)
+    (thread,) = report["threads"]
+    assert thread["python"][-1].endswith("run.py:3)")
+    assert thread["chain"] == ["deep1", "deep2", "deep3", "deep4", "deep5"]
+
+
 # -- nothing suspect, and bad usage -----------------------------------------------------------------------
 @pytest.mark.timeout(120)
 def test_a_sleeping_program_is_nothing_suspect(spawn) -> None:
@@ -438,11 +475,11 @@ def test_a_stopped_process_stays_stopped_and_no_debugger_attaches(
     assert thread["load"]["source"] == "the libraries on its stack (no debugger)"
     assert thread["load"]["module"] == "fastkern._kernels"
     assert (
-        "no native stacks: it is stopped (stopped), and a debugger's attach and detach may let it run "
+        "no native stacks: it is stopped, and a debugger's attach and detach may let it run "
         "on, so no debugger is attached to it: only py-spy --nonblocking or pystack --no-block and /proc "
         "read it"
     ) in report["unseen"]
-    assert report["problems"][0].startswith(f"process {process.pid} is stopped (stopped)")
+    assert report["problems"][0].startswith(f"process {process.pid} is stopped: nothing runs")
     if "py-spy" in helpers or "pystack" in helpers:
         assert report["tool"] == helpers[-1]
         assert thread["chain"] == ["fastkern._kernels"]

@@ -566,9 +566,7 @@ class Watcher:
                 "(compiling PTX for this GPU) or a build, and ends by itself"
             )
         if overall == outside.STOPPED:
-            return (
-                f"stopped: process {self.pid} is stopped ({stat.state_name if stat else 'T'}), nothing runs"
-            )
+            return f"stopped: process {self.pid} is {stat.state_name if stat else 'stopped'}, nothing runs"
         return f"waiting: {who}{span}; not using CPU: blocked, not slow"
 
     def _stopped_hint(self, stat) -> str:

@@ -205,7 +205,7 @@ def _thread(
         "last_ran": round(ran[tid], 3) if tid in ran else None,
         "waits_on": outside.waits_on(pid, sample) if what != outside.BUSY else None,
         **imports,
-        "python": [frame.describe() for frame in frames[:12]],
+        "python": [frame.describe() for frame in frames],
         "native": short_native(native_lines),
     }
     # Without a native stack, the libraries whose code addresses lie on its stack stand in.

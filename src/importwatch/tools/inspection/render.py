@@ -16,6 +16,10 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
 
+# Native frames a thread's text shows, innermost first; the JSON report lists up to 16.
+NATIVE_SHOWN = 5
+
+
 def render_json(report: dict) -> str:
     return json.dumps(report, indent=2) + "\n"
 
@@ -71,12 +75,17 @@ def _process(report: dict) -> list[str]:
 
 def _thread(thread: dict) -> list[str]:
     """One thread: its verdict and state, the import and load in flight, its Python and native frames."""
-    state = thread["state"] + (f" in {thread['wchan']}" if thread["wchan"] else "")
+    # A thread whose verdict is its state ("stopped") names it once: "stopped (in do_signal_stop, ...)".
+    head = "" if thread["state"] == thread["verdict"] else thread["state"]
+    if thread["wchan"]:
+        head = f"{head} in {thread['wchan']}".lstrip()
+    words = [head] if head else []
     if thread["cpu"] is not None:
-        state += f", {thread['cpu'] * 100:.0f}% CPU"
+        words.append(f"{thread['cpu'] * 100:.0f}% CPU")
     if thread["last_ran"] is not None:
-        state += f", last ran {format_age(thread['last_ran'], 1)} ago"
-    body = f"  {thread['name']} (tid {thread['tid']}): {thread['verdict']} ({state})"
+        words.append(f"last ran {format_age(thread['last_ran'], 1)} ago")
+    state = f" ({', '.join(words)})" if words else ""
+    body = f"  {thread['name']} (tid {thread['tid']}): {thread['verdict']}{state}"
     lines = [body + (f"; {thread['waits_on']}" if thread["waits_on"] else "")]
     if thread["chain"]:
         lines.append(f"    import in flight: {' > '.join(thread['chain'])}")
@@ -92,12 +101,21 @@ def _thread(thread: dict) -> list[str]:
     if thread["python"] and (thread["chain"] or thread["verdict"] != outside.BUSY):
         lines.append(f"    python, outermost first: {_python_path(thread['python'])}")
     if thread["native"] and (thread["chain"] or load):
-        lines.append(f"    native, innermost first: {' < '.join(thread['native'][:5])}")
+        # The innermost few say where it waits; the rest is counted, never dropped unsaid (short_native
+        # ends a list it cut with "...": then there are more than it holds).
+        native = thread["native"]
+        cut = native[-1] == "..."
+        frames = native[:-1] if cut else native
+        shown = " < ".join(frames[:NATIVE_SHOWN])
+        if len(frames) > NATIVE_SHOWN:
+            shown += f" < ... {len(frames) - NATIVE_SHOWN}{'+' if cut else ''} more (--json shows more)"
+        lines.append(f"    native, innermost first: {shown}")
     return lines
 
 
 def _python_path(frames: Sequence[str]) -> str:
-    """Frames (innermost first) as 'a (f.py:3) > [4 importlib frames] > b', outermost first."""
+    """Frames (innermost first) as 'a (f.py:3) > ... 4 importlib frames > b', outermost first: every
+    frame of the program's own, importlib's own runs folded to a count."""
     parts: list[str] = []
     run = 0
     for frame in reversed(frames):
@@ -105,9 +123,13 @@ def _python_path(frames: Sequence[str]) -> str:
             run += 1
             continue
         if run:
-            parts.append(f"[{run} importlib frames]")
+            parts.append(_importlib_run(run))
             run = 0
         parts.append(frame)
     if run:
-        parts.append(f"[{run} importlib frames]")
+        parts.append(_importlib_run(run))
     return " > ".join(parts)
+
+
+def _importlib_run(count: int) -> str:
+    return f"... {count} importlib frame{'s' if count != 1 else ''}"

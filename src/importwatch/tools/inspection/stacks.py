@@ -76,7 +76,7 @@ def held(pid: int) -> str | None:
         return f"pid {tracer} ({outside.command_of(tracer)}) is debugging it"
     stat = outside.process_stat(pid)
     if stat is not None and stat.state in "Tt":
-        return f"it is stopped ({stat.state_name}), and a debugger's attach and detach may let it run on"
+        return f"it is {stat.state_name}, and a debugger's attach and detach may let it run on"
     return None
 
 

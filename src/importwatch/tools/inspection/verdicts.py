@@ -22,9 +22,8 @@ def hang_problems(
     """The process stopped, a thread hung in an import or a load, a thread waiting for stdin."""
     problems = []
     if stat is not None and stat.state in "Tt":
-        problems.append(
-            f"process {pid} is stopped ({stat.state_name}): nothing runs; kill -CONT {pid} resumes it"
-        )
+        # state_name already says "stopped" (or "stopped by a debugger"): it is not repeated.
+        problems.append(f"process {pid} is {stat.state_name}: nothing runs; kill -CONT {pid} resumes it")
     for thread in threads:
         label = f"{thread['name']} (tid {thread['tid']})"
         idle = f", no CPU for {thread['last_ran']:.1f} s" if thread.get("last_ran") is not None else ""
