@@ -145,6 +145,61 @@ def test_a_hung_import_shows_the_verdict_its_log_gave_before_the_load(tmp_path: 
 
 
 @pytest.mark.timeout(60)
+def test_a_package_that_imports_its_own_hung_extension_names_each_step_once(tmp_path: Path) -> None:
+    # `import selfkern._kernels` imports selfkern first, whose __init__ imports selfkern._kernels:
+    # the log's stack is selfkern._kernels > selfkern > selfkern._kernels > dlopen.
+    library = compile_extension(HANG / "blocking_ext.c", tmp_path / "site", "selfkern._kernels")
+    (tmp_path / "site" / "selfkern" / "__init__.py").write_text("from selfkern import _kernels\n")
+    (tmp_path / "empty").mkdir()
+    done = run_doctor(
+        "--import", "selfkern._kernels", "--timeout", "1", "--no-cuda", "--packages", str(tmp_path / "empty"),
+        PYTHONPATH=str(tmp_path / "site"),
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    chain = f"selfkern > selfkern._kernels > dlopen {library}"
+    assert "  selfkern._kernels HUNG    after " in done.stdout, done.stdout
+    assert f" s in {chain}\n" in done.stdout, done.stdout
+    assert f"hung: no progress for 1 s in {chain}\n" in done.stdout, done.stdout
+
+
+@pytest.mark.timeout(60)
+def test_a_module_only_in_the_working_folder_is_explained_with_a_command_that_checks_it(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "localmod.py").write_text("VALUE = 1\n")
+    (tmp_path / "empty").mkdir()
+    args = ("--import", "localmod", "--timeout", "5", "--no-cuda", "--packages", str(tmp_path / "empty"))
+    plain = subprocess.run(
+        [sys.executable, "-c", "import localmod"],
+        cwd=tmp_path,
+        env=clean_env(),
+        capture_output=True,
+        timeout=60,
+    )
+    assert plain.returncode == 0  # python itself finds it, from the working folder
+    done = subprocess.run(
+        [sys.executable, "-m", "importwatch", "doctor", *args],
+        cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "localmod         FAILED  ModuleNotFoundError: No module named 'localmod'" in done.stdout
+    assert (
+        f"{tmp_path / 'localmod.py'} is in the working folder, which doctor leaves off sys.path (so that a "
+        "file there cannot stand in for a module it checks): to check it from here, PYTHONPATH=. "
+        "python -m importwatch doctor --import localmod"
+    ) in done.stdout, done.stdout
+    assert "-c 'import localmod'" not in done.stdout  # no command that would import it fine
+    # The command it gives does check it.
+    suggested = subprocess.run(
+        [sys.executable, "-m", "importwatch", "doctor", *args],
+        cwd=tmp_path, env=clean_env(PYTHONPATH="."), capture_output=True, text=True, timeout=60,
+        stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert suggested.returncode == 0, suggested.stdout + suggested.stderr
+    assert "  localmod         ok" in suggested.stdout
+
+
+@pytest.mark.timeout(60)
 def test_module_that_raises_is_failed_with_its_message(built: dict[str, Path]) -> None:
     done = run_doctor(
         "--import", "raises", "--timeout", "2", "--no-cuda", "--json", PYTHONPATH=str(built["hangsite"])

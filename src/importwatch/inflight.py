@@ -16,7 +16,7 @@ from importwatch.events import IMPORT, IMPORT_END, NATIVE, NATIVE_END, PHASE, PH
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Collection, Hashable
+    from collections.abc import Collection, Hashable, Sequence
     from typing import Any, TypeVar
 
     S = TypeVar("S", bound="Started")  # the caller's steps: a report's tree nodes are steps too
@@ -66,6 +66,16 @@ def close(stack: list[S], kind: str, name: str) -> tuple[S | None, list[S]]:
     lost = stack[:index:-1]
     del stack[index:]
     return step, lost
+
+
+def named_once(names: Sequence[str]) -> list[str]:
+    """A chain (outermost first) as people read it: each step named once, where it does the work.
+
+    `import pkg.sub` first imports pkg; when pkg's own code imports pkg.sub, the outer request for
+    pkg.sub only waits for the inner one, which loads it: the chain pkg.sub > pkg > pkg.sub reads
+    pkg > pkg.sub."""
+    last = {name: index for index, name in enumerate(names)}
+    return [name for index, name in enumerate(names) if last[name] == index]
 
 
 class InFlight:

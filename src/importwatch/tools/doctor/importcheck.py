@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.machinery
 import os
 import subprocess
 import sys
@@ -11,7 +12,7 @@ from importwatch import config
 from importwatch.events import OUTSIDE, VERDICT
 from importwatch.events.read import parse_line
 from importwatch.facts import cuda
-from importwatch.inflight import InFlight
+from importwatch.inflight import InFlight, named_once
 from importwatch.signame import signal_name
 from importwatch.tools.doctor.child import last_error_line, run_child
 
@@ -40,6 +41,11 @@ def _in_flight(events: Sequence[Event]) -> dict[str, list[Started]]:
 
 def _frame(step: Started) -> str:
     return f"dlopen {step.name}" if step.kind == "native" else step.name
+
+
+def _chain(steps: Sequence[Started]) -> list[str]:
+    """Steps in flight (outermost first) as the report names them: each once, as inspect does."""
+    return named_once([_frame(step) for step in steps])
 
 
 def _read_events(path: str) -> list[Event]:
@@ -93,7 +99,7 @@ def check_import(
         result.update(_hung(events, flying, stalled or status is None, view))
     else:
         error = top[-1].error if top and top[-1].error else None
-        result.update(_failed(status, events, flying, error or last_error, torch))
+        result.update(_failed(status, events, flying, error or last_error, torch, env))
     verdicts = [event.fields["verdict"] for event in events if event.kind == VERDICT]
     if verdicts and result["status"] != "ok":  # what the child said before it hung or failed
         result["verdicts"] = verdicts
@@ -108,11 +114,9 @@ def _hung(events: Sequence[Event], flying: dict[str, list[Started]], stalled: bo
     return {
         "status": "hung",
         "stalled": stalled,
-        "chain": [_frame(step) for step in stack],
+        "chain": _chain(stack),
         "library": natives[-1] if natives else None,
-        "other_threads": {
-            thread: [_frame(step) for step in steps] for thread, steps in flying.items() if steps is not stack
-        },
+        "other_threads": {thread: _chain(steps) for thread, steps in flying.items() if steps is not stack},
         "outside": view or (told[0] if told else None),
     }
 
@@ -123,6 +127,7 @@ def _failed(
     flying: dict[str, list[Started]],
     error: str | None,
     torch: TorchFacts | None,
+    env: dict[str, str],
 ) -> dict:
     """A failed import's fields: ERROR (its own, or the child's last stderr line) or how it died, and the likely cause."""
     result: dict = {"status": "failed"}
@@ -130,7 +135,7 @@ def _failed(
         error = f"the interpreter was killed by {signal_name(-status)}"
         stack = flying.get("MainThread") or []
         if stack:
-            error += " during " + " > ".join(_frame(step) for step in stack)
+            error += " during " + " > ".join(_chain(stack))
             natives = [step.name for step in stack if step.kind == "native"]
             result["library"] = natives[-1] if natives else None
     result["error"] = error or f"the interpreter exited with status {status}"
@@ -138,5 +143,34 @@ def _failed(
     cause = None
     if failed_loads:
         cause = cuda.explain_load_error(_message(failed_loads[-1].error or ""), failed_loads[-1].name, torch)
-    result["cause"] = cause or cuda.explain_load_error(_message(result["error"]), None, torch)
+    result["cause"] = (
+        cause
+        or cuda.explain_load_error(_message(result["error"]), None, torch)
+        or _in_working_folder(result["error"], env)
+    )
     return result
+
+
+def _in_working_folder(error: str, env: dict[str, str]) -> str | None:
+    """Why a module not found is found by `python -c 'import it'` here: it lies in the working folder,
+    which the checks leave out (see run_child); and the command that checks it. None otherwise."""
+    kind, _, message = error.partition(": ")
+    missing = message.partition("'")[2].partition("'")[0]
+    if kind != "ModuleNotFoundError" or not missing:
+        return None
+    top = missing.split(".", 1)[0]
+    here = os.getcwd()
+    if here in env.get("PYTHONPATH", "").split(os.pathsep):
+        return None  # on the child's path already: not found there either
+    try:
+        spec = importlib.machinery.PathFinder.find_spec(top, [here])
+    except (ImportError, OSError, ValueError):
+        return None
+    if spec is None:
+        return None
+    found = spec.origin if spec.has_location else os.path.join(here, top)
+    return (
+        f"{found} is in the working folder, which doctor leaves off sys.path (so that a file there cannot "
+        f"stand in for a module it checks): to check it from here, PYTHONPATH=. python -m importwatch "
+        f"doctor --import {missing}"
+    )

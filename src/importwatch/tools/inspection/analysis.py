@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 
+from importwatch.inflight import named_once
 from importwatch.tools.inspection.libraries import is_system, module_of
 
 TYPE_CHECKING = False
@@ -25,7 +26,7 @@ def import_state(frames: Sequence[StackFrame]) -> dict:
         for frame in reversed(frames)
         if frame.function.endswith(("_find_and_load", "_lock_unlock_module"))
     ]
-    chain = [name for index, name in enumerate(chain) if name and (index == 0 or chain[index - 1] != name)]
+    chain = named_once([name for name in chain if name])
     state: dict = {"chain": chain, "doing": None, "lock": None}
     if not chain:
         return state
