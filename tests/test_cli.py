@@ -36,6 +36,36 @@ def test_bad_usage_is_one_line_and_status_2(tmp_path: Path, args: list[str], mes
     assert "Traceback" not in result.stderr
 
 
+def test_a_log_in_a_missing_folder_stops_the_runner_and_warns_once_under_importwatch_1(
+    tmp_path: Path,
+) -> None:
+    program = "print('the program ran')"
+    log = "missing/job.log"
+    plain = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, env=clean_env(), cwd=tmp_path
+    )
+    # The runner: one line and status 2, before the program runs (every event would be lost).
+    runner = importwatch("--stderr", "stalls", "--log", log, "-c", program, cwd=tmp_path)
+    assert runner.returncode == 2 and runner.stdout == ""
+    assert runner.stderr == (
+        f"importwatch: error: --log: no folder missing for the log file {log} (importwatch does not create it)\n"
+    )
+    # A folder that exists still works, {pid} and all.
+    (tmp_path / "logs").mkdir()
+    fine = importwatch("--stderr", "stalls", "--log", "logs/{pid}.log", "-c", program, cwd=tmp_path)
+    assert fine.returncode == 0 and fine.stdout == plain.stdout and "cannot open" not in fine.stderr
+    assert len(list((tmp_path / "logs").glob("*.log"))) == 1
+    # IMPORTWATCH=1 (production): the program runs as under plain python; importwatch says so once,
+    # on stderr even with --stderr stalls, since it is its own failure.
+    env = clean_env(IMPORTWATCH="1", IMPORTWATCH_STDERR="stalls", IMPORTWATCH_LOG=log)
+    always = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, env=env, cwd=tmp_path
+    )
+    assert always.returncode == plain.returncode == 0 and always.stdout == plain.stdout
+    assert always.stderr.count(f"cannot open log file {log}") == 1, always.stderr
+    assert not (tmp_path / "missing").exists()
+
+
 def test_console_script_reports_bad_usage_too(tmp_path: Path) -> None:
     script = Path(sys.executable).with_name("importwatch")
     result = subprocess.run([str(script), "--bogus"], capture_output=True, text=True, env=clean_env())

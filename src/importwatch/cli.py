@@ -103,7 +103,7 @@ def parse(args: list[str]) -> tuple[dict | None, Target | None]:
 def _log_path(text: str, source: str) -> str:
     if not text:
         raise UsageError(f"{source} needs a path")
-    return text
+    return config.check_log_folder(text, source)
 
 
 # The options, by the Settings field each sets (see config.merge).

@@ -198,3 +198,24 @@ def expand_log_path(path: str, pid: int, rank: int | None = None) -> str:
     if os.path.isdir(expanded):
         expanded = os.path.join(expanded, f"importwatch-{pid}.log")
     return expanded
+
+
+def check_log_folder(path: str, source: str) -> str:
+    """PATH, when the folder its log file goes in exists and may be written in; else a ConfigError.
+
+    For the runner, before the program runs: a log that cannot be opened loses every
+    event, which a person at the command line wants to hear at once. A cheap look (no
+    file is opened here: the Sink opens it once); a folder named by {rank} is known only
+    in the process that has the rank, and is left to the Sink.
+    """
+    expanded = expand_log_path(path, os.getpid())
+    folder = os.path.dirname(expanded) or "."
+    if "{rank}" in os.path.dirname(path):
+        return path
+    if not os.path.isdir(folder):
+        raise ConfigError(
+            f"{source}: no folder {folder} for the log file {path} (importwatch does not create it)"
+        )
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ConfigError(f"{source}: cannot write in the folder {folder} of the log file {path}")
+    return path
