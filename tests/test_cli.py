@@ -66,6 +66,39 @@ def test_a_log_in_a_missing_folder_stops_the_runner_and_warns_once_under_importw
     assert not (tmp_path / "missing").exists()
 
 
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--timeout", "5", "doctor"], "doctor is a subcommand and comes first, before its options: "
+         "importwatch doctor --timeout 5 (no file doctor here to run as a script)"),
+        (["--stderr=none", "report", "job.log"], "report is a subcommand and comes first, before its "
+         "options: importwatch report --stderr=none job.log (no file report here to run as a script)"),
+        (["--timout", "5", "job.py"], "unknown option '--timout'; did you mean --timeout?"),
+        (["--exit-on-stal", "job.py"], "unknown option '--exit-on-stal'; did you mean --exit-on-stall?"),
+        (["doctor", "--timout", "5"], "unrecognized arguments: --timout 5; did you mean --timeout?"),
+        (["bisect", "--timout", "5", "job.py"], "unknown option '--timout'; did you mean --timeout?"),
+    ],
+)  # fmt: skip
+def test_a_subcommand_after_options_or_an_option_typo_says_what_to_type(
+    tmp_path: Path, args: list[str], message: str
+) -> None:
+    result = importwatch(*args, cwd=tmp_path)
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == f"importwatch: error: {message}\n"
+
+
+def test_a_typo_far_from_every_option_gets_no_guess(tmp_path: Path) -> None:
+    result = importwatch("--bogus", "job.py", cwd=tmp_path)
+    assert result.stderr == "importwatch: error: unknown option '--bogus'\n"
+
+
+def test_the_runner_imports_the_guessing_only_on_the_error_path(tmp_path: Path) -> None:
+    code = "import sys; print([name for name in ('difflib', 'shlex') if name in sys.modules])"
+    plain = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=clean_env())
+    traced = importwatch("--stderr", "none", "-c", code, cwd=tmp_path)
+    assert traced.stdout == plain.stdout == "[]\n"
+
+
 def test_console_script_reports_bad_usage_too(tmp_path: Path) -> None:
     script = Path(sys.executable).with_name("importwatch")
     result = subprocess.run([str(script), "--bogus"], capture_output=True, text=True, env=clean_env())

@@ -90,7 +90,22 @@ def prepare(argv: list[str] | None = None) -> int | Launch:
         return fail(str(error))
     if options is None:
         return EXIT_OK
+    if target.kind == "script" and target.value in SUBCOMMANDS and not os.path.exists(target.value):
+        return fail(_subcommand_first(args, target))
     return _start(options, target)
+
+
+def _subcommand_first(args: list[str], target: Target) -> str:
+    """`importwatch --timeout 5 doctor`: the subcommand's name came after options, where a script's
+    goes, and no such file is here. What to type instead."""
+    import shlex
+
+    before = args[: len(args) - len(target.args) - 1]
+    words = ["importwatch", target.value, *before, *target.args]
+    return (
+        f"{target.value} is a subcommand and comes first, before its options: "
+        f"{' '.join(shlex.quote(word) for word in words)} (no file {target.value} here to run as a script)"
+    )
 
 
 def parse(args: list[str]) -> tuple[dict | None, Target | None]:

@@ -24,6 +24,16 @@ def fail(message: object) -> int:
     return EXIT_USAGE
 
 
+def did_you_mean(word: str, choices: list[str]) -> str:
+    """'; did you mean --timeout?' when WORD looks like a typo of one of CHOICES; else ''."""
+    import difflib  # on this error path only: the runner's start-up imports nothing python does not
+
+    # Compared without their dashes, which every option shares: --bogus is not close to --log.
+    bare = {choice.lstrip("-"): choice for choice in choices if choice.startswith("--")}
+    close = difflib.get_close_matches(word.lstrip("-"), list(bare), n=1, cutoff=0.75)
+    return f"; did you mean {bare[close[0]]}?" if close else ""
+
+
 def value_of(args: list[str], index: int) -> tuple[str, int]:
     """The value of the option ARGS[INDEX]: what follows its `=`, else the next word; and where it was."""
     name, equals, value = args[index].partition("=")
@@ -69,6 +79,8 @@ def options_then_target(
         elif arg in flags:
             key, value = flags[arg]
             options[key] = value
+        elif arg.startswith("--") and arg != "--":
+            raise UsageError(f"unknown option {name!r}{did_you_mean(name, [*texts, *values, *flags])}")
         else:
             break
         index += 1
@@ -108,6 +120,10 @@ def argument_parser(**kwargs: object) -> Any:  # an argparse.ArgumentParser with
 
     class Parser(argparse.ArgumentParser):
         def error(self, message: str) -> None:  # type: ignore[override]
+            unknown = "unrecognized arguments: "
+            if message.startswith(unknown) and message[len(unknown) :].startswith("--"):
+                word = message[len(unknown) :].split()[0].partition("=")[0]
+                message += did_you_mean(word, list(self._option_string_actions))
             raise UsageError(message)
 
         def add_switch(self, name: str, default: bool | None, help: str) -> None:
