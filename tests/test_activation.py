@@ -227,3 +227,31 @@ def test_torch_facts_arrive_with_import_torch_and_write_no_line() -> None:
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout == "False\nok\n", done.stderr
     assert "(from its files, before import)" in done.stderr and "> importwatch" not in done.stderr
+
+
+def test_sites_probe_of_a_missing_sitecustomize_is_not_logged_but_a_real_one_is(tmp_path: Path) -> None:
+    def run(**env: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-c", "print('ran')"], capture_output=True, text=True, timeout=60,
+            env=clean_env(IMPORTWATCH="1", **env), cwd=tmp_path,
+        )  # fmt: skip
+
+    plain = subprocess.run(
+        [sys.executable, "-c", "print('ran')"], capture_output=True, text=True, env=clean_env(), cwd=tmp_path
+    )
+    # None there: the interpreter's own optional probe is every start, not news.
+    quiet = run()
+    assert quiet.stdout == plain.stdout == "ran\n"
+    assert "start python" in quiet.stderr and "customize" not in quiet.stderr, quiet.stderr
+    # One there: its import is logged, with what it imports, whether it works or fails otherwise.
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text("import colorsys\n")
+    shown = run(PYTHONPATH=str(tmp_path / "site"))
+    assert "] > sitecustomize\n" in shown.stderr and "]   > colorsys\n" in shown.stderr, shown.stderr
+    assert "] < sitecustomize " in shown.stderr
+    (tmp_path / "site" / "sitecustomize.py").write_text("import no_such_module_here\n")
+    broken = run(PYTHONPATH=str(tmp_path / "site"))
+    assert (
+        "] < sitecustomize " in broken.stderr
+        and "failed ModuleNotFoundError: No module named 'no_such_module_here'" in broken.stderr
+    ), broken.stderr

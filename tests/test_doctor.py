@@ -357,5 +357,6 @@ def test_real_torch_imports_and_cuda_checks_are_skipped_with_the_reason() -> Non
         assert "no NVIDIA driver (no /proc/driver/nvidia)" in skipped["reason"]
     assert f"CUDA checks skipped: {skipped['reason']}" in text
     assert report["scan"]["shared_objects"] > 0
-    assert f"extensions  {report['scan']['shared_objects']} shared objects read" in text
+    read = report["scan"]["shared_objects"]
+    assert f"extensions  {read} shared object{'s' if read != 1 else ''} read" in text
     assert (done.returncode, report["ok"]) == (0, True)

@@ -50,7 +50,9 @@ options (each has an environment twin, used with IMPORTWATCH=1):
                     what goes to stderr: every line; only the start line, stall
                     reports, ! verdicts, deaths and warnings; or nothing (the
                     log still gets every line) (IMPORTWATCH_STDERR, default all)
-  --exit-on-stall   exit with status 1 after the first stall report
+  --exit-on-stall   exit with status 1 after the first stall report of a
+                    thread that waits or is stopped; one seen busy (using
+                    CPU: compiling, say) is spared and runs on
                     (IMPORTWATCH_EXIT_ON_STALL=1)
   --watcher, --no-watcher
                     run (or not) a watcher process that reports from outside

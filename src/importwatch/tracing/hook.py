@@ -211,8 +211,10 @@ class Tracer:
                 return original(name, import_)
             shown = name if name.isascii() and name.isprintable() else escape(name)  # once, for both lines
             hook = on_start.get(name)
-            if hook is not None:  # before the stack is taken: a callback may import
-                tracer.safely(hook, name)
+            # Before the stack is taken: a callback may import. One that answers True leaves this
+            # import out of the log (site's probe of an optional module that is not there).
+            if hook is not None and tracer.safely(hook, name) is True:
+                return original(name, import_)
             ident = get_ident()
             stack = stacks.get(ident)
             if stack is None:
@@ -317,12 +319,21 @@ class Tracer:
         """A snapshot of the chains in flight, per thread ident."""
         return {ident: list(stack) for ident, stack in list(self.stacks.items()) if stack}
 
-    def safely(self, function: Callable, argument: Any) -> None:
-        """Run one of our own callbacks; a failure of ours is said once and never reaches the program."""
+    def safely(self, function: Callable, argument: Any) -> Any:
+        """Run one of our own callbacks, and give its answer; a failure of ours is said once and never
+        reaches the program (the answer is then None)."""
         try:
-            function(argument)
+            return function(argument)
         except Exception as error:
             self.internal_error(getattr(function, "__qualname__", "a callback"), error)
+            return None
+
+    def absent_once(self, name: str) -> bool:
+        """An on_start callback for site's own probes of sitecustomize and usercustomize: True (leave
+        the import out of the log) when no finder has it, so that it fails with ModuleNotFoundError
+        for that very name; that is every interpreter's start, not news. site imports each once."""
+        self.on_start.pop(name, None)
+        return _bootstrap._find_spec(name, None) is None
 
     def internal_error(self, where: str, error: BaseException) -> None:
         """A bug of ours: said once per place, and the program goes on."""

@@ -147,6 +147,7 @@ class Session:
             self.sink, self.native.fact("cuda"), *self.native.torch_facts()
         )
         tracer.on_end["torch"] = lambda torch: banner.torch_loaded(self.sink, torch)
+        tracer.on_start["sitecustomize"] = tracer.on_start["usercustomize"] = tracer.absent_once
         arrivals = [*self.doors.arrivals().items(), *self.native.arrivals().items()]
         arrivals += [
             (name, self._blocking_arrives(name)) for name in BLOCKING_TARGETS if name not in sys.modules

@@ -478,9 +478,8 @@ class Watcher:
             for warning in step.warnings:
                 lines.append(("outside", f"said for {step.name}: {warning}", {}))
         if self.lost:
-            lines.append(
-                ("outside", f"the feed lost {self.lost} lines: in-flight steps may be incomplete", {})
-            )
+            lost = f"{self.lost} line{'s' if self.lost != 1 else ''}"
+            lines.append(("outside", f"the feed lost {lost}: in-flight steps may be incomplete", {}))
         return lines
 
     def _thread_lines(
@@ -505,7 +504,8 @@ class Watcher:
             if index == _THREAD_LINES:
                 rest = [verdicts[t][0] for t in order[index:]]
                 summary = ", ".join(f"{rest.count(v)} {v}" for v in sorted(set(rest)))
-                lines.append(("outside", f"{len(rest)} more threads: {summary}", {}))
+                more = f"{len(rest)} more thread{'s' if len(rest) != 1 else ''}"
+                lines.append(("outside", f"{more}: {summary}", {}))
                 break
             sample = current[tid]
             if ours[tid]:

@@ -370,7 +370,7 @@ class Bisection:
             }
             sys.stdout.write(json.dumps(record) + "\n")
         else:
-            sys.stdout.write(f"importwatch bisect: {message}; {self.trials.count} tries, {seconds:.1f} s\n")
+            sys.stdout.write(f"importwatch bisect: {message}; {_tries(self.trials.count)}, {seconds:.1f} s\n")
         sys.stdout.flush()
 
     def reproducer(self, imports: list[str]) -> tuple[list[str], str]:
@@ -412,7 +412,7 @@ class Bisection:
         where = " > ".join(first.chain) or "(no import in flight)"
         lines = [
             f"importwatch bisect: {result.kind} in {result.culprit or 'the program'}, "
-            f"{result.tries} tries, {result.seconds:.1f} s",
+            f"{_tries(result.tries)}, {result.seconds:.1f} s",
             f"  how:        {first.detail}",
             f"  {'failed:   ' if first.failed else 'in flight:'}  {where}"
             + (f" > dlopen {first.native}" if first.native else ""),
@@ -451,6 +451,10 @@ def _parallel(function: Callable[[int], None], count: int, jobs: int, stop: thre
         raise
     finally:
         executor.shutdown(wait=True)
+
+
+def _tries(count: int) -> str:
+    return f"{count} {'try' if count == 1 else 'tries'}"
 
 
 def _code(imports: list[str]) -> str:

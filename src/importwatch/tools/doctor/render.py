@@ -50,7 +50,8 @@ def _facts(report: dict) -> list[str]:
     lines.append(f"CUDA        runtime: {runtimes}")
     if facts["driver"]:
         models = ", ".join(facts["gpus"]) or "no GPU listed"
-        lines.append(f"driver      {facts['driver']}; {len(facts['gpus'])} GPU(s): {models}")
+        gpus = len(facts["gpus"])
+        lines.append(f"driver      {facts['driver']}; {gpus} GPU{'s' if gpus != 1 else ''}: {models}")
     else:
         lines.append(f"driver      none (no {cuda.NVIDIA_PROC})")
     if facts["visible_devices"] is not None:
@@ -64,8 +65,9 @@ def _facts(report: dict) -> list[str]:
 
 
 def _scan(found: dict) -> list[str]:
-    lines = ["", f"extensions  {found['shared_objects']} shared objects read in {found['seconds']:.3f} s "
-             f"under {len(found['roots'])} folder(s)"]  # fmt: skip
+    read, roots = found["shared_objects"], len(found["roots"])
+    lines = ["", f"extensions  {read} shared object{'s' if read != 1 else ''} read in {found['seconds']:.3f} s "
+             f"under {roots} folder{'s' if roots != 1 else ''}"]  # fmt: skip
     libraries = [lib for lib in found["libraries"] if lib["cuda"] and lib["package"] != "nvidia"]
     if not libraries:
         lines.append("  none links CUDA")
