@@ -18,10 +18,10 @@ from __future__ import annotations
 import _thread
 import os
 import sys
-import time
 
 from importwatch.events import SIGNAL, STEP, STEP_END, VERDICT  # loaded at start-up, by the Sink
 from importwatch.tracing.banner import mask_environment
+from importwatch.tracing.sink import CLOCKS
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -95,20 +95,20 @@ class BlockingSteps:
         tracer = self.tracer
         frame, depth = tracer.push(f"step {name}", "step")
         frame.context = context
-        self.sink.event(STEP, {"name": name, "detail": detail}, depth)
-        for problem in problems:
-            self.sink.event(VERDICT, {"verdict": f"{name}: {problem}"})
-        try:
+        try:  # from the push on: whatever fails, ours or the step's, the step is popped
+            tracer.write(STEP, {"name": name, "detail": detail}, depth)
+            for problem in problems:
+                tracer.write(VERDICT, {"verdict": f"{name}: {problem}"}, 0)
             result = function(*args, **kwargs)
         except BaseException as error:
             now = tracer.pop(frame)
             ms = (now - frame.start) * 1000.0
-            self.sink.event(
+            tracer.write(
                 STEP_END, {"name": name, "ms": ms, "error": f"{type(error).__name__}: {error}"}, depth
             )
             raise
         now = tracer.pop(frame)
-        self.sink.event(STEP_END, {"name": name, "ms": (now - frame.start) * 1000.0}, depth)
+        tracer.write(STEP_END, {"name": name, "ms": (now - frame.start) * 1000.0}, depth)
         return result
 
     # -- multiprocessing's terminate and kill -------------------------------------------
@@ -418,7 +418,7 @@ def lock_context(lock: str) -> list[str]:
 def file_age(path: str) -> float | None:
     """Seconds since PATH was last modified, or None when it does not exist."""
     try:
-        return max(0.0, time.time() - os.stat(path).st_mtime)
+        return max(0.0, CLOCKS.wall() - os.stat(path).st_mtime)
     except OSError:
         return None
 

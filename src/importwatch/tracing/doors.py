@@ -26,12 +26,12 @@ import _frozen_importlib as _bootstrap
 import _thread
 import os
 import sys
-import time
 import types
 
 from importwatch.events import IMPORT, IMPORT_END
 from importwatch.tracing.forklocks import forgotten_in_parent, note_locks_at_fork, owner_text
 from importwatch.tracing.hook import WAITING, TracedStep, as_importlib_frame
+from importwatch.tracing.sink import CLOCKS
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -118,16 +118,16 @@ class Doors:
         parent = stack[-1].name if stack else None
         depth = len(stack)
         stack.append(frame)
-        if fresh and tracer.on_deadline is not None:
-            tracer.on_deadline(None)
-        fields = {"name": frame.name, "parent": parent}
-        if frame.owner is not None:
-            fields["waits_for"] = owner_text(frame.name, frame.owner, sink.thread_name)
-        if frame.origin is not None:
-            fields["origin"] = frame.origin
-        sink.event(IMPORT, fields, depth)
         failure = None
-        try:
+        try:  # from the push on: whatever fails, ours or the program's, the step is popped
+            if fresh and tracer.on_deadline is not None:
+                tracer.on_deadline(None)
+            fields = {"name": frame.name, "parent": parent}
+            if frame.owner is not None:
+                fields["waits_for"] = owner_text(frame.name, frame.owner, sink.thread_name)
+            if frame.origin is not None:
+                fields["origin"] = frame.origin
+            tracer.write(IMPORT, fields, depth)
             return function(*args)
         except BaseException as error:
             failure = f"{type(error).__name__}: {error}"
@@ -138,7 +138,7 @@ class Doors:
             fields = {"name": frame.name, "parent": parent, "ms": ms}
             if failure is not None:
                 fields["error"] = failure
-            sink.event(IMPORT_END, fields, depth)
+            tracer.write(IMPORT_END, fields, depth)
 
     # -- waits for a module still initialising ---------------------------------------------
     def _make_wait(self, original: Callable) -> Callable:
@@ -148,7 +148,7 @@ class Doors:
             owner = _lock_owner(name)
             if owner is None:  # free, or ours (a circular import): no wait
                 return original(name)
-            return doors._run(DoorStep(name, time.monotonic(), owner=owner), original, name)
+            return doors._run(DoorStep(name, CLOCKS.monotonic(), owner=owner), original, name)
 
         return _lock_unlock_module
 
@@ -179,7 +179,7 @@ class Doors:
             if not isinstance(name, str):
                 return original(loader, module)
             origin = getattr(getattr(module, "__spec__", None), "origin", None)
-            frame = DoorStep(name, time.monotonic(), origin=origin if isinstance(origin, str) else None)
+            frame = DoorStep(name, CLOCKS.monotonic(), origin=origin if isinstance(origin, str) else None)
             return doors._run(frame, original, loader, module)
 
         try:
@@ -254,7 +254,7 @@ class Doors:
             if not isinstance(name, str):
                 return original(module)  # not a module: reload's own error, untouched
             origin = getattr(getattr(module, "__spec__", None), "origin", None)
-            frame = DoorStep(name, time.monotonic(), origin=origin if isinstance(origin, str) else None)
+            frame = DoorStep(name, CLOCKS.monotonic(), origin=origin if isinstance(origin, str) else None)
             return doors._run(frame, original, module)
 
         self._wrap_function(importlib, "reload", reload)
@@ -275,13 +275,13 @@ class Doors:
         def traced_run_path(path_name: Any, init_globals: Any = None, run_name: Any = None) -> Any:
             name = run_name if isinstance(run_name, str) else "<run_path>"
             origin = path_name if isinstance(path_name, str) else repr(path_name)
-            frame = DoorStep(name, time.monotonic(), origin=origin)
+            frame = DoorStep(name, CLOCKS.monotonic(), origin=origin)
             return doors._run(frame, run_path, path_name, init_globals, run_name)
 
         def traced_run_module(
             mod_name: Any, init_globals: Any = None, run_name: Any = None, alter_sys: Any = False
         ) -> Any:
-            frame = DoorStep(str(mod_name), time.monotonic())
+            frame = DoorStep(str(mod_name), CLOCKS.monotonic())
             return doors._run(frame, run_module, mod_name, init_globals, run_name, alter_sys)
 
         self._wrap_function(runpy, "run_path", traced_run_path)

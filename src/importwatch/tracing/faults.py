@@ -12,9 +12,11 @@ asked. `is_enabled()` answers what the program set, not what we set.
 What cannot be shared (the README's Limits say it too): when our deadline came
 first and fired while the GIL was held, the program's later deadline is armed
 again only once Python runs again, so its dump (and exit) may come late; a
-repeating timer of the program's restarts its period then. When the program
-enables faulthandler with a file of its own, fatal-signal dumps go to that file,
-not to our log; when it disables it, ours stays on (is_enabled() reads False).
+repeating timer of the program's restarts its period then. Fatal-signal dumps of
+ours go to the text log only, never to stderr (a crash prints there what it prints
+under plain python); when the program switched faulthandler on itself, they go
+where it asked, not to our log; when it disables it, ours stays on (is_enabled()
+reads False).
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from __future__ import annotations
 import _thread
 import faulthandler
 import sys
-import time
+
+from importwatch.tracing.sink import CLOCKS
 
 _NAMES = ("enable", "disable", "is_enabled", "dump_traceback_later", "cancel_dump_traceback_later")
 # The shortest delay we arm: faulthandler refuses 0, and a deadline already passed is due at once.
@@ -51,7 +54,6 @@ class SharedFaulthandler:
         self.real = {name: getattr(faulthandler, name) for name in _NAMES}
         self._lock = _thread.RLock()
         self.program_enabled = self.real["is_enabled"]()  # -X faulthandler, PYTHONFAULTHANDLER
-        self._program_file = False  # the program enabled it with a file of its own
         self._our_fd: int | None = None
         self._program: _Request | None = None
         self._ours: _Request | None = None
@@ -73,7 +75,7 @@ class SharedFaulthandler:
             return
         with self._lock:
             self._ours = None
-            self._sync(time.monotonic())
+            self._sync(CLOCKS.monotonic())
             if not self.program_enabled and self._our_fd is not None:
                 self.real["disable"]()
             self._our_fd = None
@@ -83,14 +85,22 @@ class SharedFaulthandler:
 
     # -- our side -----------------------------------------------------------------------
     def enable_ours(self, fd: int) -> None:
-        """Fatal signals dump to FD, unless the program chose a file of its own."""
+        """Fatal signals dump to FD (our text log), unless the program switched faulthandler on itself
+        (`-X faulthandler`, PYTHONFAULTHANDLER, enable()): then its dump goes where it asked."""
         with self._lock:
             self._our_fd = fd
-            if not self._program_file:
+            if not self.program_enabled:
                 self.real["enable"](fd, all_threads=True)
 
+    def disable_ours(self) -> None:
+        """No dump of ours on a fatal signal (no text log to take it); the program's, if it asked, stays."""
+        with self._lock:
+            if self._our_fd is not None and not self.program_enabled:
+                self.real["disable"]()
+            self._our_fd = None
+
     def arm_ours(self, deadline: float, now: float, fd: int, exit: bool) -> None:
-        """The watchdog's deadline (a time.monotonic() value); the earlier of it and the program's is armed."""
+        """The watchdog's deadline (a CLOCKS.monotonic() value); the earlier of it and the program's is armed."""
         with self._lock:
             self._ours = _Request(deadline, 0.0, False, fd, exit, ours=True)
             self._sync(now)
@@ -99,7 +109,7 @@ class SharedFaulthandler:
         with self._lock:
             if self._ours is not None:
                 self._ours = None
-                self._sync(time.monotonic())
+                self._sync(CLOCKS.monotonic())
 
     def thread_alive(self, now: float) -> bool:
         """Whether faulthandler's timer thread runs now (armed, and not yet fired once for good)."""
@@ -123,7 +133,7 @@ class SharedFaulthandler:
         self._lock.acquire()
         if self._ours is not None:
             self._ours = None
-            self._sync(time.monotonic())
+            self._sync(CLOCKS.monotonic())
         return self._armed is not None
 
     def after_fork(self, in_child: bool) -> None:
@@ -168,13 +178,11 @@ class SharedFaulthandler:
         with self._lock:
             self.real["enable"](*args, **kwargs)
             self.program_enabled = True
-            self._program_file = True
 
     def _program_disable(self) -> None:
         with self._lock:
             self.real["disable"]()
             self.program_enabled = False
-            self._program_file = False
             if self._our_fd is not None:  # ours stays on for fatal signals
                 try:
                     self.real["enable"](self._our_fd, all_threads=True)
@@ -186,7 +194,7 @@ class SharedFaulthandler:
 
     def _program_dump_traceback_later(self, *args, **kwargs) -> None:
         with self._lock:
-            now = time.monotonic()
+            now = CLOCKS.monotonic()
             # The real call checks the arguments and raises as it would without us, and arms it.
             self.real["dump_traceback_later"](*args, **kwargs)
             timeout, repeat, file, exit = _bind(*args, **kwargs)
@@ -205,4 +213,4 @@ class SharedFaulthandler:
             if self._untouchable:
                 self.real["cancel_dump_traceback_later"]()  # the program's own call, as under plain python
                 return
-            self._sync(time.monotonic())
+            self._sync(CLOCKS.monotonic())

@@ -17,11 +17,11 @@ from __future__ import annotations
 import _frozen_importlib as _bootstrap
 import _thread
 import sys
-import time
 import types
 
 from importwatch.events import IMPORT_END, escape
 from importwatch.tracing.forklocks import owner_text
+from importwatch.tracing.sink import CLOCKS
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds at start-up; annotations alone need it
@@ -146,6 +146,7 @@ class Tracer:
 
     def __init__(self, sink: Sink) -> None:
         self.sink = sink
+        self.clock = CLOCKS.monotonic  # our own, out of reach of a patched time module (see sink.Clocks)
         self.stacks: dict[int, list[TracedStep]] = {}
         self.native_ids: dict[int, int] = {}  # thread ident: kernel thread id
         self.on_start: dict[str, Callable[[str], None]] = {}
@@ -203,7 +204,7 @@ class Tracer:
         get_ident = _thread.get_ident
         get_native_id = _thread.get_native_id
         native_ids = self.native_ids
-        clock = time.monotonic
+        clock = CLOCKS.monotonic
         tracer = self
 
         def _find_and_load(name: str, import_: Callable) -> Any:
@@ -220,19 +221,29 @@ class Tracer:
             if stack is None:
                 stack = stacks[ident] = []
                 native_ids[ident] = get_native_id()  # for the watchdog's look at its CPU time
+                # The program's own code ran since this thread's last step: it may have moved a descriptor.
+                sink.check_descriptors()
                 if tracer.on_deadline is not None:
                     tracer.on_deadline(None)
             parent = stack[-1].name if stack else None
             indent = "  " * len(stack)
             frame = TracedStep(name, clock())
             stack.append(frame)
-            # The two lines are rendered here as events.render would (no call per line on this path;
-            # tests/test_events.py reads them back); the fields are only made when a JSON log writes them.
-            emit(
-                "import", f"{indent}> {shown}", {"name": name, "parent": parent} if sink.structured else None
-            )
             failure = None
-            try:
+            try:  # from the push on: whatever fails, ours or the import, the step is popped
+                # The two lines are rendered here as events.render would (no call per line on this path;
+                # tests/test_events.py reads them back); the fields are only made when a JSON log writes them.
+                try:
+                    emit(
+                        "import",
+                        f"{indent}> {shown}",
+                        {"name": name, "parent": parent} if sink.structured else None,
+                    )
+                except Exception as error:  # a RecursionError at the program's depth: the line is lost
+                    try:
+                        tracer.internal_error("writing a line", error)
+                    except Exception:
+                        pass  # no room left even to say it: said at a later failure
                 module = original(name, import_)
             except BaseException as error:
                 failure = f"{type(error).__name__}: {error}"
@@ -249,15 +260,21 @@ class Tracer:
                     stack[-1].progress = now
                 elif stacks.get(ident) is stack:
                     del stacks[ident]
-                ms = (now - frame.start) * 1000.0
-                if failure is None:
-                    fields = {"name": name, "parent": parent, "ms": ms} if sink.structured else None
-                    emit("import_end", f"{indent}< {shown} {ms:.3f} ms", fields)
-                else:  # an exception's text may need escaping
-                    fields = {"name": name, "parent": parent, "ms": ms, "error": failure}
-                    sink.event(IMPORT_END, fields, len(indent) // 2)
-                if now >= tracer.progress_due and tracer.on_progress is not None:
-                    tracer.on_progress(now)
+                try:  # never an exception of ours in place of the import's own
+                    ms = (now - frame.start) * 1000.0
+                    if failure is None:
+                        fields = {"name": name, "parent": parent, "ms": ms} if sink.structured else None
+                        emit("import_end", f"{indent}< {shown} {ms:.3f} ms", fields)
+                    else:  # an exception's text may need escaping
+                        fields = {"name": name, "parent": parent, "ms": ms, "error": failure}
+                        sink.event(IMPORT_END, fields, len(indent) // 2)
+                    if now >= tracer.progress_due and tracer.on_progress is not None:
+                        tracer.on_progress(now)
+                except Exception as error:
+                    try:
+                        tracer.internal_error("writing a line", error)
+                    except Exception:
+                        pass
             hook = on_end.get(name)
             if hook is not None:
                 tracer.safely(hook, module)
@@ -272,13 +289,22 @@ class Tracer:
         TIMEOUT is the step's own stall threshold, counted from its start (None: the watchdog's).
         """
         stack, fresh = self.thread_stack()
-        frame = TracedStep(name, time.monotonic(), kind)
+        frame = TracedStep(name, CLOCKS.monotonic(), kind)
         frame.timeout = timeout
         stack.append(frame)
-        if (fresh or timeout is not None) and self.on_deadline is not None:
-            self.on_deadline(timeout)
-        if kind == "native" and self.on_gil_held is not None:
-            self.on_gil_held(frame)
+        pushed = False
+        try:  # a failure here (ours, or a RecursionError) takes the step out again: never left in flight
+            try:
+                if (fresh or timeout is not None) and self.on_deadline is not None:
+                    self.on_deadline(timeout)
+                if kind == "native" and self.on_gil_held is not None:
+                    self.on_gil_held(frame)
+            except Exception as error:
+                self.internal_error("the watchdog's start of a step", error)
+            pushed = True
+        finally:
+            if not pushed and frame in stack:
+                stack.remove(frame)
         return frame, len(stack) - 1
 
     def thread_stack(self) -> tuple[list[TracedStep], bool]:
@@ -292,13 +318,14 @@ class Tracer:
             return stack, False
         stack = self.stacks[ident] = []
         self.native_ids[ident] = _thread.get_native_id()  # for the watchdog's look at its CPU time
+        self.sink.check_descriptors()  # see _find_and_load
         return stack, True
 
     def pop(self, frame: TracedStep) -> float:
         """End a step put in flight by push(); returns the time it ended."""
         ident = _thread.get_ident()
         stack = self.stacks.get(ident)
-        now = time.monotonic()
+        now = CLOCKS.monotonic()
         if stack and stack[-1] is frame:
             stack.pop()
             if stack:
@@ -307,10 +334,16 @@ class Tracer:
                 del self.stacks[ident]
         elif stack and frame in stack:  # a phase left out of order (a generator): never leave it behind
             stack.remove(frame)
-        if frame.kind == "native" and self.on_gil_released is not None:
-            self.on_gil_released(frame)
-        if now >= self.progress_due and self.on_progress is not None:
-            self.on_progress(now)
+        try:  # the step is out already; a failure of ours here is said, never raised
+            if frame.kind == "native" and self.on_gil_released is not None:
+                self.on_gil_released(frame)
+            if now >= self.progress_due and self.on_progress is not None:
+                self.on_progress(now)
+        except Exception as error:
+            try:
+                self.internal_error("the watchdog's end of a step", error)
+            except Exception:
+                pass
         return now
 
     # -- helpers -------------------------------------------------------------
@@ -335,12 +368,23 @@ class Tracer:
         self.on_start.pop(name, None)
         return _bootstrap._find_spec(name, None) is None
 
+    def write(self, kind: str, fields: dict, depth: int) -> None:
+        """sink.event for a step's own lines, off the hot path: a line that cannot be written (a
+        RecursionError at the program's depth) is lost, said once, and never raised into the program."""
+        try:
+            self.sink.event(kind, fields, depth)
+        except Exception as error:
+            try:
+                self.internal_error("writing a line", error)
+            except Exception:
+                pass  # no room left even to say it: said at a later failure
+
     def internal_error(self, where: str, error: BaseException) -> None:
         """A bug of ours: said once per place, and the program goes on."""
         if where in self._errors_said:
             return
-        self._errors_said.add(where)
         self.sink.warn(f"internal error in {where}: {type(error).__name__}: {error}")
+        self._errors_said.add(where)  # only once said: a warning that failed (no stack room) is tried again
 
     def after_fork_in_child(self) -> None:
         """Only the forking thread survives a fork: drop the others' chains."""

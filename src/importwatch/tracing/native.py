@@ -126,22 +126,28 @@ class NativeLoads:
         tracer = self.tracer
         frame, depth = tracer.push(f"dlopen {path}", "native")
         fields: dict[str, Any] = {"path": path, "owner": owner}
-        rescan = self._announce(frame, depth, fields)
-        try:
+        try:  # from the push on: whatever fails, ours or the load, the step is popped
+            rescan = self._announce(frame, depth, fields)
             result = _named_call(path, owner)(function, *args)
         except BaseException as error:
             now = tracer.pop(frame)
             ms = (now - frame.start) * 1000.0
             fields.update(ms=ms, error=f"{type(error).__name__}: {error}")
-            self.sink.event(NATIVE_END, fields, depth)
+            tracer.write(NATIVE_END, fields, depth)
             if isinstance(error, (ImportError, OSError)):
-                self._explain(str(error), path)
+                try:
+                    self._explain(str(error), path)
+                except Exception as ours:  # the load's own error passes through, never ours
+                    tracer.internal_error("explaining a failed load", ours)
             raise
         now = tracer.pop(frame)
         ms = (now - frame.start) * 1000.0
         fields["ms"] = ms
-        self._pulled_in(rescan, path, fields)
-        self.sink.event(NATIVE_END, fields, depth)
+        try:
+            self._pulled_in(rescan, path, fields)
+        except Exception as error:
+            tracer.internal_error("the libraries a load mapped", error)
+        tracer.write(NATIVE_END, fields, depth)
         return result
 
     def _announce(self, frame: TracedStep, depth: int, fields: dict[str, Any]) -> bool:
@@ -156,7 +162,7 @@ class NativeLoads:
             info, needs = None, []
         if needs:
             fields["needs"] = needs
-        self.sink.event(NATIVE, fields, depth)
+        self.tracer.write(NATIVE, fields, depth)
         if self._loaded is None:
             self._start_loaded()
         try:

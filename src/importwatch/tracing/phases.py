@@ -8,7 +8,6 @@ nothing. This module imports nothing, so ``import importwatch`` stays light.
 from __future__ import annotations
 
 import _thread
-import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -35,13 +34,13 @@ def checkpoint(name: str) -> None:
         return
     name = str(name)
     stack = tracer.stacks.get(_thread.get_ident())
-    now = time.monotonic()
+    now = tracer.clock()
     if stack:
         stack[-1].progress = now  # a phase timed from its last progress starts again from here
     # Imported here, not above: with tracing off this module must import nothing (the sink has it loaded).
     from importwatch.events import CHECKPOINT
 
-    tracer.sink.event(CHECKPOINT, {"name": name}, len(stack) if stack else 0)
+    tracer.write(CHECKPOINT, {"name": name}, len(stack) if stack else 0)
 
 
 # Lower case: it is used like a function, `with importwatch.phase(...)` or `@importwatch.phase(...)`.
@@ -70,11 +69,11 @@ class phase:
         tracer = _tracer
         if tracer is not None:
             name = str(self.name)
-            frame, depth = tracer.push(f"phase {name}", "phase", self.timeout)
-            self._started = (tracer, frame, depth, name)
             from importwatch.events import PHASE  # see checkpoint()
 
-            tracer.sink.event(PHASE, {"name": name, "timeout": self.timeout}, depth)
+            frame, depth = tracer.push(f"phase {name}", "phase", self.timeout)
+            self._started = (tracer, frame, depth, name)
+            tracer.write(PHASE, {"name": name, "timeout": self.timeout}, depth)
         return self
 
     def __exit__(
@@ -94,7 +93,7 @@ class phase:
             fields["error"] = f"{type(error).__name__}: {error}"
         from importwatch.events import PHASE_END  # see checkpoint()
 
-        tracer.sink.event(PHASE_END, fields, depth)
+        tracer.write(PHASE_END, fields, depth)
 
     def __call__(self, function: Callable) -> Callable:
         """As a decorator: each call of FUNCTION runs in this phase (tracing on or off at call time)."""

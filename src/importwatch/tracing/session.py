@@ -21,7 +21,7 @@ from importwatch.tracing.doors import Doors
 from importwatch.tracing.faults import SharedFaulthandler
 from importwatch.tracing.hook import NEVER, Tracer, as_importlib_frame
 from importwatch.tracing.native import NativeLoads
-from importwatch.tracing.sink import Sink
+from importwatch.tracing.sink import CLOCKS, Sink
 from importwatch.tracing.watchdog import Watchdog
 
 TYPE_CHECKING = False
@@ -74,6 +74,7 @@ class Session:
         self._child_of: int | None = None
         self._child_lock = _thread.allocate_lock()
         self._first_hooks: tuple | None = None  # see _await_first_event
+        self._log_resolved = ("", "")  # the log path as given, and as resolved (see _log_template)
 
     def start(self, argv: list[str], warnings: list[str]) -> None:
         self.sink.follow_partial_lines()
@@ -127,14 +128,26 @@ class Session:
         self.sink.close_feed()
         self.sink.close_log()
         self.sink.unfollow_partial_lines()
+        self.sink.close_stderr()
 
     def _log_lost(self) -> None:
-        """The program closed our log's descriptor: faulthandler writes to stderr from now on, not to that number."""
+        """The program closed our log's descriptor: faulthandler's crash dump of ours no longer goes to that number."""
         self._start_faulthandler()
 
     def _open_log(self) -> None:
         if self.settings.log:
-            self.sink.open_log(config.expand_log_path(self.settings.log, self.sink.pid, self.sink.rank))
+            self.sink.open_log(config.expand_log_path(self._log_template(), self.sink.pid, self.sink.rank))
+
+    def _log_template(self) -> str:
+        """The log path as given, its folder resolved once, at start: a fork child that chdir'd after the
+        start opens its own `{pid}` log beside its parent's, not in its working folder."""
+        given = self.settings.log or ""
+        if self._log_resolved[0] != given:
+            try:
+                self._log_resolved = (given, os.path.abspath(os.path.expanduser(given)))
+            except OSError:  # no working folder any more: as given
+                self._log_resolved = (given, given)
+        return self._log_resolved[1]
 
     # -- the tracer's callbacks: connected here, and nowhere else --------------------
     def _connect_arrivals(self) -> None:
@@ -227,10 +240,17 @@ class Session:
             self.sink.feed_line(f"#mapped {path}")
 
     def _start_faulthandler(self) -> None:
-        """Fatal signals dump every thread's stack where our lines go; SIGUSR1 too when asked for."""
+        """Fatal signals dump every thread's stack to the text log; SIGUSR1 too when asked for.
+
+        Never to stderr of our own accord: a crash prints there what it prints under plain
+        python (faulthandler's dump only when the program switched it on itself).
+        """
         fd = self.sink.dump_fd()
         try:
-            self.faults.enable_ours(fd)
+            if fd == self.sink.stderr.fd:
+                self.faults.disable_ours()
+            else:
+                self.faults.enable_ours(fd)
             # SIGUSR1 ends a process by default, and schedulers rely on it: changed only on request,
             # and never when the program has a handler of its own.
             if self.settings.dump_on_sigusr1 and (
@@ -251,14 +271,14 @@ class Session:
         """
         self._forker = _thread.get_ident()
         threads = _count_threads() if _FORK_WARNS else 0
-        timer_before = self.faults.thread_alive(time.monotonic())
+        timer_before = self.faults.thread_alive(CLOCKS.monotonic())
         ended = self.watchdog.before_fork() if self.watchdog is not None else False
         timer_after = self.faults.before_fork()
         expected = threads - ended - timer_before + timer_after
         self._fork_alone = _FORK_WARNS and expected <= 1
         if self._fork_alone and threads > expected:
-            deadline = time.monotonic() + _THREADS_GONE_WAIT
-            while _count_threads() > expected and time.monotonic() < deadline:
+            deadline = CLOCKS.monotonic() + _THREADS_GONE_WAIT
+            while _count_threads() > expected and CLOCKS.monotonic() < deadline:
                 time.sleep(0.0002)
 
     def after_fork(self, in_child: bool) -> None:

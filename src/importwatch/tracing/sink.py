@@ -10,16 +10,35 @@ import stat
 import sys
 import time
 
-from importwatch.events import BUSY, DIED, EXIT, RESUMED, START, VERDICT, WARNING, escape, json_line, render
+from importwatch.events import BUSY, DIED, EXIT, RESUMED, VERDICT, WARNING, escape, json_line, render
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Callable
 
+
+class Clocks:
+    """The time module's clocks as they were when importwatch was imported, out of the program's reach.
+
+    A program (freezegun, a test's monkeypatch) may replace time.time, time.monotonic,
+    time.localtime or time.strftime, and freezegun also replaces every module-level name
+    that refers to the real function; the attributes of an object are left alone. So our
+    stamps, ages and deadlines read these: never a frozen clock, never a false stall.
+    """
+
+    __slots__ = ("localtime", "monotonic", "strftime", "wall")
+
+    def __init__(self) -> None:
+        self.wall = time.time
+        self.monotonic = time.monotonic
+        self.localtime = time.localtime
+        self.strftime = time.strftime
+
+
+CLOCKS = Clocks()
+
 # Bound once: event() runs twice per import.
 _write = os.write
-_fstat = os.fstat
-_time = time.time
 _get_ident = _thread.get_ident
 
 PREFIX = "importwatch"
@@ -29,8 +48,10 @@ _STDERR = 2
 # so it can come to reuse ours only by holding about a thousand at once (or by dup2 onto them).
 _HIGH_FD = 1024
 
-# The kinds of event that --stderr stalls still writes to stderr (besides stall* and outside*).
-_LOUD = frozenset((START, VERDICT, WARNING, RESUMED, BUSY, EXIT, DIED))
+# The kinds of event that --stderr stalls still writes to stderr (besides stall* and outside*): a
+# stall, a verdict, a death, our own failure. Not the start and env lines: until there is something
+# to report, a quiet program's stderr is byte for byte plain python's.
+_LOUD = frozenset((VERDICT, WARNING, RESUMED, BUSY, EXIT, DIED))
 
 
 # Never follow a symlink, never wait on a FIFO's reader, never hand the descriptor to a child.
@@ -128,15 +149,6 @@ def high_descriptor(fd: int) -> int:
     return fd
 
 
-def _still(fd: int, ident: tuple[int, int] | None) -> bool:
-    """Whether FD still refers to IDENT (device, inode): the hot path's form of identity()."""
-    try:
-        stat = _fstat(fd)
-    except OSError:
-        return False
-    return ident is not None and stat.st_ino == ident[1] and stat.st_dev == ident[0]
-
-
 def identity(fd: int) -> tuple[int, int] | None:
     """What descriptor FD refers to (device and inode), or None when it is closed."""
     try:
@@ -153,6 +165,23 @@ def close_if_ours(fd: int, ident: tuple[int, int] | None) -> None:
             os.close(fd)
         except OSError:
             pass
+
+
+def own_stderr(fd: int) -> Channel:
+    """Our own copy of the program's stderr FD, placed high and close-on-exec: where our stderr lines go.
+
+    Never fd 2 itself: a program that closes fd 2 and opens a file (which then gets number 2),
+    or dup2s a file onto it, has that file take only what it writes itself. Our lines go on
+    to the stderr the process started with (see docs/forks-and-faulthandler.md). FD, when it is
+    not 2, is a copy made for us already (the pytest plugin's) and is taken over. When fd 2
+    is closed at start, lines for stderr go to /dev/null.
+    """
+    try:
+        copy = os.dup(fd) if fd == _STDERR else fd
+    except OSError:
+        copy = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+    copy = high_descriptor(copy)
+    return Channel(copy, "stderr", ident=identity(copy))
 
 
 class _LoudKinds(dict):
@@ -172,9 +201,10 @@ class _NoKinds(dict):
 
 
 class Channel:
-    """One file descriptor that lines go to; on the first failed write it says so once and stops.
+    """One descriptor of our own that lines go to; on the first failed write it says so once and stops.
 
-    IDENT is what the descriptor refers to, for one of our own (None for stderr, the program's).
+    IDENT is what the descriptor refers to (device, inode) when we placed it: check_descriptors
+    compares, now and then, never per write (see Sink).
     """
 
     __slots__ = ("broken", "fd", "ident", "json", "name")
@@ -187,17 +217,9 @@ class Channel:
         self.broken = False
 
     def write(self, data: bytes) -> OSError | None:
-        """Write all of DATA; return the error that broke the channel, if one did.
-
-        A descriptor of ours is first checked to be still ours: the program may have closed
-        it and opened something that got its number, and a line of ours must never reach a
-        file of the program's. One fstat per write, about 0.6 us.
-        """
+        """Write all of DATA; return the error that broke the channel, if one did."""
         if self.broken:
             return None
-        if self.ident is not None and not _still(self.fd, self.ident):
-            self.broken = True
-            return OSError(errno.EBADF, "no longer ours")
         try:
             while data:
                 data = data[os.write(self.fd, data) :]
@@ -243,8 +265,7 @@ class Feed:
         self._put(f"#thread {name} {_thread.get_native_id()}\n".encode("ascii"))
 
     def _put(self, data: bytes) -> bool:
-        if self.closed or not _still(self.fd, self.ident):
-            self.closed = True  # closed, or its number reused by the program: never write there again
+        if self.closed:
             return True
         try:
             os.write(self.fd, data)
@@ -254,10 +275,6 @@ class Feed:
             self.closed = True  # the program closed it (a range of fds): never write to that number again
             return True
         return True
-
-    def mine(self) -> bool:
-        """Whether both ends are still the pipe we made (the heartbeat asks now and then)."""
-        return not self.closed and identity(self.fd) == self.ident and identity(self.keep) == self.ident
 
     def close(self) -> None:
         for fd in (self.fd, self.keep):
@@ -273,8 +290,11 @@ class Sink:
     """
 
     def __init__(self, stderr_fd: int = _STDERR) -> None:
-        # A copy of stderr taken before pytest's capture redirects fd 2, in the pytest plugin.
-        self.stderr = Channel(stderr_fd, "stderr")
+        # STDERR_FD is fd 2, or a copy of it taken before pytest's capture redirects fd 2 (the pytest
+        # plugin). Either way our lines go to a copy of our own (see own_stderr).
+        self.stderr_is_fd2 = stderr_fd == _STDERR
+        self.stderr = own_stderr(stderr_fd)
+        self._now = CLOCKS.wall
         self.log: Channel | None = None
         self.structured = False  # a JSON log writes each event's fields: only then need they be made
         self.feed: Feed | None = None
@@ -332,6 +352,13 @@ class Sink:
         self.log = Channel(fd, path, json=path.endswith(".jsonl"), ident=identity(fd))
         self.structured = self.log.json
 
+    def close_stderr(self) -> None:
+        """Close our copy of stderr (tracing stops): nothing of ours writes to stderr after this."""
+        stderr = self.stderr
+        if not stderr.broken:
+            stderr.broken = True
+            close_if_ours(stderr.fd, stderr.ident)
+
     def close_log(self) -> None:
         if self.log is not None:
             close_if_ours(self.log.fd, self.log.ident)
@@ -355,7 +382,7 @@ class Sink:
         program's: one call and one comparison more per write to sys.stderr.
         """
         stream = sys.stderr
-        if self._stderr_write is not None or self.stderr.fd != _STDERR or stream is None:
+        if self._stderr_write is not None or not self.stderr_is_fd2 or stream is None:
             return
         try:
             if stream.fileno() != _STDERR or "write" in vars(stream):
@@ -387,16 +414,23 @@ class Sink:
     def check_descriptors(self) -> None:
         """Stop writing to a descriptor of ours that the program closed or put something else at.
 
-        A write to a closed one fails and is caught there; one reused by the
-        program's dup2 or its thousandth open file is found here, off the hot
-        path (the watchdog's heartbeat asks at each look).
+        Ours sit just below fd 1024, close-on-exec, so a program's close of fd 2, its
+        open files and its children never meet them: no write checks anything. A write to
+        one the program closed (a closerange) fails with EBADF and is caught there; one
+        whose number the program then reused (a dup2 onto it, its thousandth open file)
+        is found here, when the program's own code may have done it: at each step that
+        begins with nothing in flight on its thread (Tracer), and at each of the
+        heartbeat's looks. One fstat per descriptor of ours, never per line.
         """
+        stderr = self.stderr
+        if not stderr.broken and identity(stderr.fd) != stderr.ident and not self._stderr_again():
+            stderr.broken = True  # nowhere left to say it
         log = self.log
         if log is not None and not log.broken and identity(log.fd) != log.ident:
             self._log_lost(log)
         feed = self.feed
-        if feed is not None and not feed.mine():
-            feed.closed = True
+        if feed is not None and not feed.closed and identity(feed.fd) != feed.ident:
+            feed.closed = True  # (the read end is never written, and closed only while still ours)
 
     def _log_lost(self, log: Channel) -> None:
         if log.broken and log.ident is None:
@@ -470,7 +504,7 @@ class Sink:
         loud = self._loud
         if loud is not None and self.log is None and self.feed is None and not loud[kind]:
             return  # --stderr stalls or none, and no log or watcher: this line goes nowhere
-        now = _time()
+        now = self._now()
         msec = int(now * 1000)
         if msec != self._msec:
             self._set_stamp(msec)
@@ -492,8 +526,11 @@ class Sink:
                 written = _write(stderr.fd, line)
                 if written != len(line):  # rare: a non-blocking stderr took part of it
                     stderr.write(line[written:])
-            except OSError:
-                stderr.broken = True  # nowhere left to say it
+            except OSError as error:
+                if not self._stderr_again(error):
+                    stderr.broken = True  # nowhere left to say it
+                elif stderr.write(line) is not None:
+                    stderr.broken = True
         feed = self.feed
         if feed is not None:
             if thread is not None and ident not in feed.threads:
@@ -505,8 +542,6 @@ class Sink:
                 text = json_line(now, self.pid, thread, self.rank, kind, body, fields)
                 size = len(text)
             try:
-                if not _still(log.fd, log.ident):  # closed, or its number reused by the program
-                    raise OSError(errno.EBADF, "no longer ours")
                 if _write(log.fd, text) != size:
                     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # a full disk writes short
             except OSError as error:
@@ -526,7 +561,7 @@ class Sink:
         second = msec // 1000
         if second != self._second:
             self._second = second
-            self._clock = time.strftime("%H:%M:%S.", time.localtime(second))
+            self._clock = CLOCKS.strftime("%H:%M:%S.", CLOCKS.localtime(second))
         self._stamp = self._clock + str(1000 + msec - second * 1000)[1:]
         self._prefix = self._head + self._stamp + "] "
 
@@ -567,8 +602,25 @@ class Sink:
             return f"thread-{_thread.get_native_id()}"
         return f"thread-{ident:#x}"
 
+    def _stderr_again(self, error: OSError | None = None) -> bool:
+        """Our copy of stderr was closed under us (a closerange; ERROR, when a write found it): a new copy,
+        when fd 2 is still the stderr we started with. Asked when a check or a write failed, never per write."""
+        stderr = self.stderr
+        if error is not None and error.errno != errno.EBADF:
+            return False
+        if not self.stderr_is_fd2 or identity(_STDERR) != stderr.ident:
+            return False
+        try:
+            stderr.fd = high_descriptor(os.dup(_STDERR))
+        except OSError:
+            return False
+        stderr.broken = False
+        return True
+
     def _write(self, channel: Channel, data: bytes) -> None:
         error = channel.write(data)
+        if error is not None and channel is self.stderr and self._stderr_again(error):
+            error = channel.write(data)
         if error is not None and channel is not self.stderr:
             if error.errno == errno.EBADF:
                 self._log_lost(channel)

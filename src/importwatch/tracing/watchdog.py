@@ -25,6 +25,7 @@ from importwatch.facts import procstat
 from importwatch.tracing import stalls
 from importwatch.tracing.faults import SharedFaulthandler
 from importwatch.tracing.hook import NEVER
+from importwatch.tracing.sink import CLOCKS
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -205,7 +206,7 @@ class Watchdog:
         limit = self.timeout if timeout is None else timeout
         if limit <= 0:
             return
-        now = time.monotonic()
+        now = CLOCKS.monotonic()
         self._cover(now, limit)
         if now + limit < self._next_look + self.interval:
             self.wake()
@@ -289,7 +290,7 @@ class Watchdog:
         while self._running and generation == self._generation:
             if self.main_gone:
                 pause = min(pause, _ALONE_LOOK)
-            self._next_look = time.monotonic() + pause
+            self._next_look = CLOCKS.monotonic() + pause
             wake.acquire(timeout=pause)
             if not self._running or generation != self._generation:
                 break  # stopped while asleep: the interpreter may be finalising
@@ -298,7 +299,7 @@ class Watchdog:
                 break
             try:
                 self.sink.check_descriptors()
-                pause = self.check(time.monotonic())
+                pause = self.check(CLOCKS.monotonic())
             except Exception as error:  # never let the watchdog die silently
                 self.sink.warn(f"watchdog error: {type(error).__name__}: {error}")
                 pause = self.interval
@@ -459,11 +460,11 @@ class Watchdog:
         task = f"/proc/self/task/{tid}"
         me = f"/proc/self/task/{_thread.get_native_id()}"
         used = spent = 0.0
-        before, mine, began = _demand(task), _demand(me), time.monotonic()
+        before, mine, began = _demand(task), _demand(me), CLOCKS.monotonic()
         for _ in range(_STEPS):
             free = not _tracer()
             time.sleep(_STEP)
-            after, mine_after, ended = _demand(task), _demand(me), time.monotonic()
+            after, mine_after, ended = _demand(task), _demand(me), CLOCKS.monotonic()
             if before is None or after is None or mine is None or mine_after is None:
                 return None
             stopped = (ended - began) - _STEP - (mine_after - mine)
@@ -604,7 +605,7 @@ class Watchdog:
         armed = self._armed_for
         if armed is None:
             return
-        now = time.monotonic()
+        now = CLOCKS.monotonic()
         if now < armed:
             return
         with self._reporting:

@@ -1,0 +1,249 @@
+"""What is the program's stays the program's, side by side (plain, runner, IMPORTWATCH=1): the file it
+opens at fd 2, its patched clocks, its working folder, a quiet stderr, what a crash prints, and no step
+left in flight when a line of ours cannot be written."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers import clean_env
+from test_side_by_side import RUNNER, _ours_removed, three_ways
+
+pytestmark = pytest.mark.timeout(120)
+
+
+# -- fd 2 reused by the program ------------------------------------------------------------------
+DATA_AT_FD2 = """
+import os
+os.close(2)
+fd = os.open("data.txt", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+assert fd == 2, fd
+os.write(fd, b"record 1\\n")
+import json, csv, email.parser
+os.write(fd, b"record 2\\n")
+print("ok")
+"""
+
+
+def test_a_file_the_program_opens_at_fd_2_gets_only_its_own_records(tmp_path: Path) -> None:
+    (tmp_path / "prog.py").write_text(DATA_AT_FD2)
+    for name, command, env in (
+        ("plain", [sys.executable, "prog.py"], clean_env()),
+        ("runner", [*RUNNER, "prog.py"], clean_env()),
+        ("IMPORTWATCH=1", [sys.executable, "prog.py"], clean_env(IMPORTWATCH="1")),
+    ):
+        run = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=90)
+        assert (run.returncode, run.stdout) == (0, "ok\n"), (name, run.stderr)
+        assert (tmp_path / "data.txt").read_text() == "record 1\nrecord 2\n", name
+        if name != "plain":  # our lines go on to the stderr the process started with
+            assert "] > json\n" in run.stderr, name
+
+
+def test_a_program_that_dup2s_a_file_onto_fd_2_finds_only_its_own_writes_there(tmp_path: Path) -> None:
+    code = (
+        "import os, sys\n"
+        "fd = os.open('own.err', os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)\n"
+        "os.dup2(fd, 2)\n"
+        "import json, csv\n"
+        "sys.stderr.write('mine\\n'); sys.stderr.flush()\n"
+        "print('ok')\n"
+    )
+    for name, command, env in (
+        ("plain", [sys.executable, "-c", code], clean_env()),
+        ("runner", [*RUNNER, "-c", code], clean_env()),
+        ("IMPORTWATCH=1", [sys.executable, "-c", code], clean_env(IMPORTWATCH="1")),
+    ):
+        run = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=90)
+        assert (run.returncode, run.stdout) == (0, "ok\n"), (name, run.stderr)
+        assert (tmp_path / "own.err").read_text() == "mine\n", name
+
+
+def test_a_program_that_closes_fd_2_at_start_gets_no_line_in_the_file_that_takes_its_number(
+    tmp_path: Path,
+) -> None:
+    code = (
+        "import os\n"
+        "fd = os.open('data.txt', os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)\n"
+        "assert fd == 2, fd\n"
+        "import json\n"
+        "os.write(fd, b'rec\\n')\n"
+    )
+    for name, command, env in (
+        ("plain", [sys.executable, "-c", code], clean_env()),
+        ("runner", [*RUNNER, "-c", code], clean_env()),
+        ("IMPORTWATCH=1", [sys.executable, "-c", code], clean_env(IMPORTWATCH="1")),
+    ):
+        # Started with fd 2 closed: `2>&-`.
+        run = subprocess.run(
+            ["sh", "-c", '"$0" "$@" 2>&-', *command], cwd=tmp_path, env=env, capture_output=True, timeout=90
+        )
+        assert run.returncode == 0, name
+        assert (tmp_path / "data.txt").read_text() == "rec\n", name
+
+
+# -- a failure of ours leaves no step in flight ------------------------------------------------
+RECURSE_THEN_IMPORT = """
+import time
+def down(n):
+    try:
+        return down(n + 1)
+    except RecursionError:
+        for i in range(3):
+            try:
+                __import__(f"no_such_module_{n}_{i}")
+            except ImportError:
+                pass
+        raise
+try:
+    down(0)
+except RecursionError:
+    pass
+time.sleep(1.5)
+print("done")
+"""
+
+
+def test_imports_that_fail_at_the_recursion_limit_leave_no_false_stall(tmp_path: Path) -> None:
+    (tmp_path / "prog.py").write_text(RECURSE_THEN_IMPORT)
+    runs = three_ways(
+        ["prog.py"], tmp_path, runner_options=("--timeout", "0.5", "--exit-on-stall"),
+        IMPORTWATCH_TIMEOUT="0.5", IMPORTWATCH_EXIT_ON_STALL="1", IMPORTWATCH_STDERR="stalls",
+    )  # fmt: skip
+    for name, run in runs.items():
+        assert (run.returncode, run.stdout) == (0, "done\n"), (name, run.stderr[-2000:])
+        assert "STALL" not in run.stderr, name
+
+
+# -- our clocks are our own ---------------------------------------------------------------------
+PATCHED_CLOCKS = """
+import time
+real = time.monotonic
+time.monotonic = lambda: real() + 1e6
+time.perf_counter = lambda: real() + 1e6
+time.time = lambda: 0.0
+time.strftime = lambda fmt, t=None: "XX:XX:XX."
+import slowish
+print("ok")
+"""
+
+FROZEN = """
+from freezegun import freeze_time
+with freeze_time("2024-01-01 12:00:00"):
+    import slowish
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("program", ["monkeypatch", "freezegun"])
+def test_a_program_that_patches_the_time_module_gets_no_false_stall_and_true_stamps(
+    tmp_path: Path, program: str
+) -> None:
+    if program == "freezegun":
+        pytest.importorskip("freezegun")
+    (tmp_path / "slowish.py").write_text("import time\ntime.sleep(0.8)\n")
+    (tmp_path / "prog.py").write_text(FROZEN if program == "freezegun" else PATCHED_CLOCKS)
+    runs = three_ways(["prog.py"], tmp_path, runner_options=("--timeout", "2"), IMPORTWATCH_TIMEOUT="2")
+    for name, run in runs.items():
+        assert (run.returncode, run.stdout) == (0, "ok\n"), (name, run.stderr)
+    for name in ("runner", "IMPORTWATCH=1"):
+        stderr = runs[name].stderr
+        assert "STALL" not in stderr, (name, stderr)
+        start = next(line for line in stderr.splitlines() if line.endswith("] > slowish"))
+        end = next(line for line in stderr.splitlines() if "] < slowish " in line)
+        assert " 12:00:00.000]" not in start and "XX:XX" not in start, start
+        assert start.split()[2] != end.split()[2], (start, end)  # a real clock moved 0.8 s between them
+        assert 700 < float(end.split()[-2]) < 5000, end
+
+
+# -- a relative log path, a chdir and a fork ---------------------------------------------------
+FORK_AFTER_CHDIR = """
+import os
+os.chdir("work")
+pid = os.fork()
+if pid == 0:
+    import json
+    os._exit(0)
+os.waitpid(pid, 0)
+print("ok")
+"""
+
+
+def test_a_relative_log_path_is_resolved_once_so_a_fork_child_after_a_chdir_logs_beside_its_parent(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "work").mkdir()
+    (tmp_path / "prog.py").write_text(FORK_AFTER_CHDIR)
+    for name, command, env in (
+        ("runner", [*RUNNER, "--log", "iw-{pid}.log", "prog.py"], clean_env()),
+        (
+            "IMPORTWATCH=1",
+            [sys.executable, "prog.py"],
+            clean_env(IMPORTWATCH="1", IMPORTWATCH_LOG="iw-{pid}.log"),
+        ),
+    ):
+        run = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=90)
+        assert (run.returncode, run.stdout) == (0, "ok\n"), (name, run.stderr)
+        assert list((tmp_path / "work").iterdir()) == [], name
+        logs = sorted(tmp_path.glob("iw-*.log"))
+        assert len(logs) == 2 and any("fork child of" in log.read_text() for log in logs), (name, logs)
+        for log in logs:
+            log.unlink()
+
+
+# -- quiet is silent ------------------------------------------------------------------------------
+PARENT_OF_A_CHILD = """
+import subprocess, sys
+child = subprocess.Popen(
+    [sys.executable, "-c", "import sys, json; sys.stdout.write(sys.stdin.read())"],
+    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+)
+out, err = child.communicate(b"hello")
+assert (out, err) == (b"hello", b""), (out, err)
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("log", [False, True])
+def test_stderr_stalls_leaves_a_childs_stderr_byte_identical_to_plain(tmp_path: Path, log: bool) -> None:
+    (tmp_path / "prog.py").write_text(PARENT_OF_A_CHILD)
+    env = {"IMPORTWATCH_STDERR": "stalls"}
+    if log:
+        env["IMPORTWATCH_LOG"] = str(tmp_path / "trace-{pid}.log")
+    runs = three_ways(["prog.py"], tmp_path, runner_options=("--stderr", "stalls"), **env)
+    for name, run in runs.items():
+        assert (run.returncode, run.stdout, run.stderr) == (0, "ok\n", ""), name
+    if log:
+        logged = "".join(path.read_text() for path in tmp_path.glob("trace-*.log"))
+        assert "] start python " in logged and "] env " in logged
+
+
+# -- a crash prints what plain python prints ----------------------------------------------------------
+def test_a_crash_prints_on_stderr_what_plain_python_prints_and_the_log_keeps_the_dump(
+    tmp_path: Path, built: Path
+) -> None:
+    code = "import sys; print('before', flush=True); import crashext"
+    log = tmp_path / "crash.log"
+    runs = three_ways(["-c", code], tmp_path, PYTHONPATH=str(built))
+    plain = runs["plain"]
+    assert plain.returncode == -11 and plain.stdout == "before\n"
+    for name in ("runner", "IMPORTWATCH=1"):
+        run = runs[name]
+        assert (run.returncode, run.stdout) == (-11, "before\n"), name
+        assert _ours_removed(run.stderr) == plain.stderr, (name, run.stderr)
+    logged = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=90,
+        env=clean_env(IMPORTWATCH="1", IMPORTWATCH_LOG=str(log), PYTHONPATH=str(built)),
+    )  # fmt: skip
+    assert _ours_removed(logged.stderr) == plain.stderr
+    assert "Fatal Python error: Segmentation fault" in log.read_text()
+
+
+def test_a_crash_dumps_to_stderr_when_the_program_asked_for_faulthandler(tmp_path: Path, built: Path) -> None:
+    runs = three_ways(["-c", "import crashext"], tmp_path, PYTHONPATH=str(built), PYTHONFAULTHANDLER="1")
+    for name, run in runs.items():
+        assert run.returncode == -11, name
+        assert "Fatal Python error: Segmentation fault" in run.stderr, (name, run.stderr)
