@@ -136,7 +136,9 @@ class Session:
 
     def _open_log(self) -> None:
         if self.settings.log:
-            self.sink.open_log(config.expand_log_path(self._log_template(), self.sink.pid, self.sink.rank))
+            pid, rank = self.sink.pid, self.sink.rank
+            shown = config.expand_log_path(self.settings.log, pid, rank)
+            self.sink.open_log(config.expand_log_path(self._log_template(), pid, rank), shown)
 
     def _log_template(self) -> str:
         """The log path as given, its folder resolved once, at start: a fork child that chdir'd after the

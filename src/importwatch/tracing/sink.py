@@ -317,14 +317,16 @@ class Sink:
         self.after_fork_in_child()
 
     # -- set-up ------------------------------------------------------------
-    def open_log(self, path: str) -> bool:
-        """Append to PATH from now on (JSON Lines when it ends in .jsonl); on failure say so once.
+    def open_log(self, path: str, shown: str | None = None) -> bool:
+        """Append to PATH from now on (JSON Lines when it ends in .jsonl); on failure say so once. SHOWN is
+        PATH as the user gave it (relative), for what we say.
 
         Logs often live in shared, world-writable folders, where another user may have
         put something at PATH first: a symlink is never followed, a FIFO or device never
         waited on, and only a regular file of our own (or a new one, mode 0600) is taken.
         """
-        planted = planted_link(path)
+        opened, path = path, shown or path  # PATH as opened; as the user gave it, in what we say
+        planted = planted_link(opened)
         if planted is not None:
             self.warn(
                 f"cannot open log file {path}: {planted} is a symbolic link another user put in a shared "
@@ -332,7 +334,7 @@ class Sink:
             )
             return False
         try:
-            fd = os.open(path, _LOG_FLAGS, 0o600)
+            fd = os.open(opened, _LOG_FLAGS, 0o600)
         except OSError as error:
             why = _OPEN_ERRORS.get(error.errno, error.strerror)
             self.warn(f"cannot open log file {path}: {why}; logging to stderr only")
