@@ -21,10 +21,12 @@ from importwatch.events import (
     START,
     VERDICT,
     WARNING,
+    escape,
     render,
 )
 from importwatch.events.read import BadLine, Event, read_line
 from importwatch.inflight import STARTED_BY, STARTS, Started, close
+from importwatch.tracing.banner import mask_argv, mask_text
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -171,6 +173,10 @@ class Process:
         self.left_out = {"stalls": 0, "verdicts": 0, "warnings": 0, "checkpoints": 0}
         self.rank: int | None = None  # in a distributed job
         self.orphans = 0  # ends whose start is not in this log (a fork inside an import)
+        # Steps whose end line never came, closed when a step they ran in ended (inflight.close):
+        # (thread, names innermost first, clock of the innermost's start, the end that closed them)
+        self.lost: list[tuple[str, list[str], str, str]] = []
+        self.lost_left_out = 0
         self.endings: list[Ending] = []  # the watcher's "died", --exit-on-stall's exit, signals sent to it
         self.own_last = first  # its last line written by itself (not by the watcher, not about it)
         self.seq = 0
@@ -389,6 +395,21 @@ def chunks(file, path: str) -> Iterator[list[str | None]]:
 # The watcher says which signal ended a child in "signal SIGTERM to child PID (...)".
 
 
+def _masked_start(event: Event) -> tuple[str, dict]:
+    """A start line's text and fields with its argv masked again by today's rule: a log written by
+    an older importwatch (or by hand) may hold what the rule now hides."""
+    fields = event.fields
+    argv = fields.get("argv") if fields else None
+    text = event.text[len("start ") :]
+    if isinstance(argv, list) and all(isinstance(word, str) for word in argv):
+        masked = mask_argv(argv)
+        if masked != argv:
+            fields = dict(fields, argv=masked)
+            text = escape(render(START, fields))[len("start ") :]
+        return text, fields
+    return mask_text(text), fields
+
+
 def _ending_text(event: Event) -> str:
     """What the report says of a DIED or EXIT event: its line's words, less the watcher's `outside: `."""
     fields = event.fields
@@ -466,8 +487,7 @@ class Timeline:
         elif kind in STARTED_BY:
             self._end(process, process.thread(event.thread), event, when)
         elif kind == START:
-            process.start_text = event.text[len("start ") :]
-            process.start = event.fields
+            process.start_text, process.start = _masked_start(event)
         elif kind == "torch":
             process.torch = event.text
         elif kind == CHECKPOINT:
@@ -499,6 +519,13 @@ class Timeline:
             self._orphan(process, thread, kind, event, when, ms or 0.0)
             return
         # Starts above the match never ended: lines were lost; they end here, marked unfinished.
+        if lost:
+            if len(process.lost) < NOTES:
+                closer = f"{node.label} at {self.clock.stamp_at(when)}"
+                since = self.clock.stamp_at(lost[0].start)
+                process.lost.append((thread.name, [step.label for step in lost], since, closer))
+            else:
+                process.lost_left_out += 1
         for step in lost:
             step.unfinished = True
             step.ms = max((when - step.start) * 1000.0, 0.0)
