@@ -11,6 +11,7 @@ from typing import NamedTuple
 
 from importwatch.events import DIED, EXIT, IMPORT, NATIVE, SIGNAL
 from importwatch.events.read import BadLine
+from importwatch.safefile import UnsafeFile, open_for_writing
 from importwatch.tools.report.fastread import read_summary
 from importwatch.tools.report.page import page
 from importwatch.tools.report.timeline import (
@@ -95,6 +96,10 @@ def main(args: list[str]) -> int:
         return fail(f"unknown --format {options.format!r}; choose one of {', '.join(FORMATS)}")
     if options.min_ms < 0:
         return fail("--min-ms must be 0 or more")
+    try:  # the log's identity, taken before anything is written: -o must never name the log itself
+        log_stat = os.stat(options.log)
+    except OSError:
+        log_stat = None  # _read says what is wrong with it
     skipped = Skipped()
     try:
         if options.format == "html":
@@ -108,17 +113,38 @@ def main(args: list[str]) -> int:
     if skipped.count and options.format != "summary":  # the summary says it itself
         _note(str(skipped))
     if options.output is None:
-        try:
-            sys.stdout.write(text)
-            sys.stdout.flush()
-        except BrokenPipeError:  # `report LOG | head`: the reader has what it wanted
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return EXIT_OK
+        return _to_stdout(text)
+    return _to_file(text, options.output, (log_stat,) if log_stat is not None else ())
+
+
+def _to_stdout(text: str) -> int:
     try:
-        with open(options.output, "w", encoding="utf-8") as file:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:  # `report LOG | head`: the reader has what it wanted
+        _drop_stdout()
+    except OSError as error:  # `> /dev/full`, a full disk, a closed terminal
+        _drop_stdout()
+        return fail(f"cannot write the report to stdout: {error.strerror or error}")
+    return EXIT_OK
+
+
+def _drop_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's own flush at exit has nothing left to fail on."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def _to_file(text: str, path: str, keep: tuple[os.stat_result, ...]) -> int:
+    """TEXT written to PATH with the care a log gets (safefile.py), never over the log being read."""
+    try:
+        fd = open_for_writing(path, keep)
+    except UnsafeFile as error:
+        return fail(f"cannot write {error}")
+    try:
+        with open(fd, "w", encoding="utf-8") as file:
             file.write(text)
     except OSError as error:
-        return fail(f"cannot write {options.output}: {error.strerror or error}")
+        return fail(f"cannot write {path}: {error.strerror or error}")
     return EXIT_OK
 
 
@@ -346,10 +372,18 @@ def _in_flight_lines(
         else:
             out.append(f"  {_CUT[ending.what]}: {names}")
             out.append(f"    {since}; {_CUT_AT[ending.what]} {ending.clock}{_signal_words(ending)}")
-    if not in_flight:
+    for thread, names, clock, closer in process.lost:
+        # The table marks them [unfinished] too: the summary says why, never "everything ended".
+        out.append(f"  never ended (no end line; closed by the end of {closer}): {' < '.join(names)}")
+        out.append(f"    on {thread}, the innermost since {clock}")
+    if process.lost_left_out:
+        out.append(f"    ... and {process.lost_left_out} more")
+    if not in_flight and not process.lost:
         out.append(
             "  nothing in flight when the log ends: every import, native load and phase that started, ended"
         )
+    elif not in_flight:
+        out.append("  nothing else in flight when the log ends")
     if process.orphans:
         out.append(f"  {_count(process.orphans, 'end')} without a start in this process (forked mid-import)")
     return out
