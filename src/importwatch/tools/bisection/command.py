@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import shutil
 import sys
 import tempfile
@@ -21,6 +20,7 @@ from importwatch.tools.bisection.trials import (
     Trials,
     stop_status,
 )
+from importwatch.tools.commands import import_code, join, quote
 from importwatch.tracing.banner import mask_argv
 from importwatch.tracing.runner import is_zip
 from importwatch.usage import EXIT_USAGE, UsageError, fail, options_then_target
@@ -36,6 +36,10 @@ EXIT_FOUND = 1
 DEFAULT_JOBS = 1
 DEFAULT_MAX_TRIES = 64
 DEFAULT_MAX_TIME = 600.0
+# A culprit is named once its reproducer did it this many times, and the import it ends with,
+# tried alone as often, never did: a hang that comes every other run would otherwise steer the
+# search to whatever it happened to be trying then.
+REPEATS = 3
 
 USAGE = """\
 usage: importwatch bisect [OPTIONS] SCRIPT [ARGS...]
@@ -162,6 +166,8 @@ class Result:
         self.note = ""
         self.tries = 0
         self.seconds = 0.0
+        self.confirmed = False  # every repeat of the decisive tries agreed
+        self.flaky: tuple[int, int] | None = None  # (times it happened, tries) when they did not
 
 
 class Bisection:
@@ -196,7 +202,7 @@ class Bisection:
 
     # -- the search ----------------------------------------------------------------------
     def run(self) -> int:
-        label = "python " + shlex.join(mask_argv(self.options.target))
+        label = "python " + join(mask_argv(self.options.target))
         first = self._try(self.options.target, label, first=True)
         if first is None or first.kind == STOPPED:
             self._say_nothing("stopped by --max-time before the program's imports were done; no hang seen")
@@ -210,6 +216,7 @@ class Bisection:
             return EXIT_NO_HANG
         result = Result(first)
         self._minimise(result)
+        self._confirm(result)
         result.stopped = self.stopped
         result.tries = self.trials.count
         result.seconds = time.monotonic() - self.started
@@ -255,6 +262,40 @@ class Bisection:
             "it depends on what the program itself does"
         )
 
+    def _confirm(self, result: Result) -> None:
+        """Repeat the decisive tries: the reproducer must do it every time, its last import alone never.
+
+        Otherwise the hang (or crash) is flaky: it is said so, with how often it came, and a
+        last import that did it alone is named alone (what came before was chance).
+        """
+        if not result.imports or self.stopped:
+            return
+        again, runs = self._repeat(result.imports, REPEATS - 1, result)
+        tail = result.imports[-1]
+        alone_hits, alone_runs = 0, 1  # the search tried TAIL alone once, in vain, unless alone
+        if not result.alone and not self.stopped:
+            alone_hits, more = self._repeat([tail], REPEATS - 1, result)
+            alone_runs += more
+        if alone_hits:
+            result.imports, result.alone = [tail], True
+            result.flaky = (alone_hits, alone_runs)
+        elif again < runs:
+            result.flaky = (1 + again, 1 + runs)
+        elif not self.stopped:
+            result.confirmed = True
+
+    def _repeat(self, imports: list[str], times: int, result: Result) -> tuple[int, int]:
+        """Try IMPORTS again TIMES times: (how often it reproduced, tries run)."""
+        assert result.culprit is not None
+        hits = runs = 0
+        for _ in range(times):
+            outcome = self._try(["-c", import_code(imports)], f"{_label(imports)} (again)")
+            if outcome is None:
+                break
+            runs += 1
+            hits += outcome.reproduces(result.kind, result.culprit)
+        return hits, runs
+
     def _verify(self, base: list[str], tail: str, result: Result) -> list[str] | None:
         """BASE, less what cannot be imported on its own, if importing it before TAIL reproduces.
 
@@ -263,7 +304,7 @@ class Bisection:
         """
         assert result.culprit is not None
         while base:
-            outcome = self._try(["-c", _code([*base, tail])], _label([*base, tail]))
+            outcome = self._try(["-c", import_code([*base, tail])], _label([*base, tail]))
             if outcome is None:
                 return None
             if outcome.reproduces(result.kind, result.culprit):
@@ -314,7 +355,7 @@ class Bisection:
 
             if beaten():
                 return
-            outcome = self._try(["-c", _code(lists[index])], _label(lists[index]), cancelled=beaten)
+            outcome = self._try(["-c", import_code(lists[index])], _label(lists[index]), cancelled=beaten)
             if outcome is not None and outcome.reproduces(kind, culprit):
                 with lock:
                     found.append(index)
@@ -375,11 +416,11 @@ class Bisection:
 
     def reproducer(self, imports: list[str]) -> tuple[list[str], str]:
         """The command that reproduces it, as argv and as a line for a shell."""
-        command = [sys.executable, "-c", _code(imports)]
-        prefix = f"cd {shlex.quote(self.trials.cwd)} && "
+        command = [sys.executable, "-c", import_code(imports)]
+        prefix = f"cd {quote(self.trials.cwd)} && "
         if self.options.kind == "script":
-            prefix += f"PYTHONPATH={shlex.quote(self.env['PYTHONPATH'])} "
-        return command, prefix + shlex.join(command)
+            prefix += f"PYTHONPATH={quote(self.env['PYTHONPATH'])} "
+        return command, prefix + join(command)
 
     def _report(self, result: Result) -> None:
         first = result.first
@@ -394,7 +435,7 @@ class Bisection:
                 "native": first.native,
                 "verdicts": first.verdicts,
                 "imports": result.imports,
-                "code": _code(result.imports) if result.imports else None,
+                "code": import_code(result.imports) if result.imports else None,
                 "command": command,
                 "cwd": self.trials.cwd,
                 "pythonpath": self.env.get("PYTHONPATH") if self.options.kind == "script" else None,
@@ -402,6 +443,8 @@ class Bisection:
                 "alone": result.alone,
                 "minimal": bool(result.imports) and result.stopped is None,
                 "stopped": result.stopped,
+                "confirmed": result.confirmed,
+                "flaky": {"reproduced": result.flaky[0], "tries": result.flaky[1]} if result.flaky else None,
                 "note": result.note or None,
                 "tries": result.tries,
                 "seconds": round(result.seconds, 3),
@@ -419,12 +462,20 @@ class Bisection:
         ]
         lines += [f"  verdict:    {text.strip()}" for text in first.verdicts]
         if result.imports:
-            if result.alone:
-                lines.append(f"  alone:      `import {result.imports[0]}` {_VERB[result.kind]} by itself")
+            if result.flaky:  # neither "alone" nor "needs" held every time
+                times, tries = result.flaky
+                lines[0] += f" (flaky: {times} of {tries} tries)"
+                lines.append(
+                    f"  flaky:      `{import_code(result.imports)}` {_PAST[result.kind]} in {times} of {tries} "
+                    "tries, not every time (a race, a timeout or something outside the program)"
+                    + ("; what was imported before it is not needed" if result.alone else "")
+                )
+            elif result.alone:
+                lines.append(f"  alone:      `{import_code(result.imports)}` {_VERB[result.kind]} by itself")
             else:
                 needs = ", ".join(result.imports[:-1])
                 lines.append(
-                    f"  needs:      {needs} imported first; `import {result.imports[-1]}` alone is fine"
+                    f"  needs:      {needs} imported first; `{import_code(result.imports[-1:])}` alone is fine"
                 )
             lines.append(f"  reproduce:  {line}")
         if result.stopped:
@@ -436,6 +487,7 @@ class Bisection:
 
 
 _VERB = {"hang": "hangs", "crash": "crashes"}
+_PAST = {"hang": "hung", "crash": "crashed"}
 
 
 def _parallel(function: Callable[[int], None], count: int, jobs: int, stop: threading.Event) -> None:
@@ -457,14 +509,10 @@ def _tries(count: int) -> str:
     return f"{count} {'try' if count == 1 else 'tries'}"
 
 
-def _code(imports: list[str]) -> str:
-    return "; ".join(f"import {name}" for name in imports)
-
-
 def _label(imports: list[str]) -> str:
     """A try's imports on one short line: long lists are abridged in the middle."""
     if len(imports) <= 6:
-        return _code(imports)
+        return import_code(imports)
     before = imports[:-1]
     shown = ", ".join([*before[:3], "...", *before[-2:]])
     return f"{len(before)} imports ({shown}); import {imports[-1]}"

@@ -15,7 +15,11 @@ if TYPE_CHECKING:
 
 def cmdline(pid: int) -> list[str]:
     data = outside.read_file(f"/proc/{pid}/cmdline", 1 << 20) or b""
-    return [word.decode("utf-8", "surrogateescape") for word in data.rstrip(b"\0").split(b"\0") if data]
+    if not data:
+        return []
+    # Each word ends with a NUL, an empty word too: strip only the last one, or `''` is lost.
+    words = data[:-1] if data.endswith(b"\0") else data
+    return [word.decode("utf-8", "surrogateescape") for word in words.split(b"\0")]
 
 
 def environ(pid: int) -> dict[str, str] | None:

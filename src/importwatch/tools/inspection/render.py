@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-import shlex
 import time
 
 from importwatch.events import escape
+from importwatch.tools.commands import join
 from importwatch.tools.inspection.stacks import described_in_importlib
 from importwatch.tracing.blocking import format_age
 from importwatch.watcher import outside
@@ -54,7 +54,7 @@ def render(report: dict) -> str:
 
 def _process(report: dict) -> list[str]:
     """The heading: what the process is, its Python and torch, how the stacks were read."""
-    command = " ".join(shlex.quote(word) for word in report["cmdline"]) or "?"
+    command = join(report["cmdline"]) or "?"
     lines = [f"importwatch inspect {report['pid']}", "", f"process     {report['pid']}: {command}"]
     lines.append(f"python      {report['python'] or '?'} ({report['interpreter'] or report['exe']})")
     if report["started"] is not None:

@@ -4,8 +4,8 @@ command lines that rerun the program under importwatch to see more."""
 from __future__ import annotations
 
 import os
-import shlex
 
+from importwatch.tools.commands import join, quote
 from importwatch.watcher import outside
 
 TYPE_CHECKING = False
@@ -71,8 +71,8 @@ def rerun_commands(cmdline: Sequence[str], cwd: str | None, interpreter: str, se
     """The command lines that rerun the program under importwatch, and whether it must be installed first."""
     if not cmdline:
         return {}
-    quoted = " ".join(shlex.quote(word) for word in cmdline)
-    prefix = f"cd {shlex.quote(cwd)} && " if cwd else ""
+    quoted = join(cmdline)
+    prefix = f"cd {quote(cwd)} && " if cwd else ""
     commands = {"env": f"{prefix}IMPORTWATCH=1 {quoted}"}
     words = list(cmdline[1:])
     options = []
@@ -84,11 +84,11 @@ def rerun_commands(cmdline: Sequence[str], cwd: str | None, interpreter: str, se
     ):
         options.append(words.pop(0))
     if os.path.basename(cmdline[0]).startswith("python"):
-        rest = " ".join(shlex.quote(word) for word in [*options, "-m", "importwatch", *words])
-        commands["module"] = f"{prefix}{shlex.quote(cmdline[0])} {rest}"
+        rest = join([*options, "-m", "importwatch", *words])
+        commands["module"] = f"{prefix}{quote(cmdline[0])} {rest}"
     installed = any(
         os.path.isfile(os.path.join(entry, "importwatch", "__init__.py")) for entry in search if entry
     )
     if not installed:
-        commands["install"] = f"{shlex.quote(interpreter)} -m pip install importwatch"
+        commands["install"] = f"{quote(interpreter)} -m pip install importwatch"
     return commands
