@@ -1,17 +1,27 @@
 """Fidelity corpus: real projects' test suites run plain and under importwatch, outcome by outcome.
 
-    python benchmarks/fidelity.py [SUITE ...] [--modes plain,env,plugin,runner] [--cache DIR]
+    python benchmarks/fidelity.py [SUITE ...] [--modes plain,env,plugin,runner] [--stderr stalls]
+                                  [--cache DIR]
 
-SUITE is any of six, more-itertools, click, packaging, pytest (default: all). For each, the
-pinned sdist is fetched from the package index with `pip download --no-binary :all: --no-deps`
-(kept in the cache folder), unpacked, and its test requirements are installed into a venv of its
-own, with this checkout of importwatch installed editable. The suite then runs once per mode, each
-in a fresh copy of the unpacked sources:
+SUITE is any of six, more-itertools, click, packaging, markupsafe, jinja2, attrs, python-dateutil,
+numpy, pytest (default: all). For each, the pinned sdist is fetched from the package index with
+`pip download --no-binary :all: --no-deps` (kept in the cache folder), unpacked, and its test
+requirements are installed into a venv of its own, with this checkout of importwatch installed
+editable. numpy is the exception: an sdist of numpy needs a long build, so its wheel is installed
+and the tests it ships (`numpy/_core/tests/test_multiarray.py`, `test_multithreading.py`) run as
+`pytest --pyargs` from an empty folder. markupsafe must have built its C speedups (its tests run
+both implementations): a venv without them is a setup failure. The suite then runs once per mode,
+each in a fresh copy of the unpacked sources:
 
     plain    python -m pytest ...
     env      IMPORTWATCH=1 python -m pytest ...
     plugin   python -m pytest -p importwatch ...
     runner   python -m importwatch -m pytest ...
+
+`--stderr stalls` (or none) runs the traced modes quiet, with `IMPORTWATCH_STDERR` set: the mode an
+always-on fleet uses, where a program's stderr must be byte-identical to plain python's until there
+is something to report. Its target is 0 differences on every suite, pytest's own included
+(`fidelity.py pytest --stderr stalls`), whose tests read their children's stderr.
 
 Outcomes are read from pytest's JUnit XML. The script prints, per suite, the number of tests, the
 differences from the plain run and the wall time of each mode, then every test id whose outcome
@@ -45,6 +55,8 @@ class Suite(NamedTuple):
     requirement: str  # pinned, so that a table can be reproduced
     tests: tuple[str, ...]  # paths inside the unpacked sdist
     deps: tuple[str, ...]  # test requirements; "." is the project itself, "[x]" its extra
+    wheel: bool = False  # installed from its wheel (in deps); tests are the modules it ships
+    check: str = ""  # python code that must run in the venv once installed (a C extension built)
 
 
 SUITES: dict[str, Suite] = {
@@ -53,6 +65,20 @@ SUITES: dict[str, Suite] = {
     "click": Suite("click==8.5.1", ("tests",), ("pytest", ".")),
     "packaging": Suite(
         "packaging==26.4", ("tests",), ("pytest", "pretend", "hypothesis", "tomli_w", "pip", ".")
+    ),
+    "markupsafe": Suite(
+        "markupsafe==3.0.3", ("tests",), ("pytest", "."), check="import markupsafe._speedups"
+    ),
+    "jinja2": Suite("jinja2==3.1.6", ("tests",), ("pytest", "trio", "markupsafe==3.0.3", ".")),
+    "attrs": Suite("attrs==25.4.0", ("tests",), ("pytest", "hypothesis", "pympler", "cloudpickle", ".")),
+    "python-dateutil": Suite(
+        "python-dateutil==2.9.0.post0", ("tests",), ("pytest", "hypothesis", "freezegun", "six", ".")
+    ),
+    "numpy": Suite(
+        "numpy==2.3.5",
+        ("numpy._core.tests.test_multiarray", "numpy._core.tests.test_multithreading"),
+        ("pytest", "hypothesis", "numpy==2.3.5"),
+        wheel=True,
     ),
     # pytest's own suite runs against the pytest built from the same sdist, with its dev extra.
     "pytest": Suite("pytest==9.2.0", ("testing",), (".[dev]",)),
@@ -87,8 +113,10 @@ def pip(python: Path, *args: str) -> None:
         raise SetupError(f"pip failed: {' '.join(command[1:])}")
 
 
-def fetch(name: str, suite: Suite, cache: Path) -> Path:
-    """The sdist of SUITE, downloaded once into CACHE/sdists."""
+def fetch(name: str, suite: Suite, cache: Path) -> Path | None:
+    """The sdist of SUITE, downloaded once into CACHE/sdists; None for a suite installed from its wheel."""
+    if suite.wheel:
+        return None
     sdists = cache / "sdists"
     sdists.mkdir(parents=True, exist_ok=True)
     version = suite.requirement.split("==")[1]
@@ -126,7 +154,7 @@ def unpack(sdist: Path, into: Path) -> Path:
     return top
 
 
-def prepare(name: str, suite: Suite, sdist: Path, cache: Path) -> Path:
+def prepare(name: str, suite: Suite, sdist: Path | None, cache: Path) -> Path:
     """A venv with the suite's test requirements (made once) and this importwatch; returns its python."""
     venv = cache / "venvs" / name
     python = venv / "bin" / "python"
@@ -137,18 +165,20 @@ def prepare(name: str, suite: Suite, sdist: Path, cache: Path) -> Path:
         shutil.rmtree(venv, ignore_errors=True)
         if subprocess.run([sys.executable, "-m", "venv", str(venv)]).returncode != 0:
             raise SetupError(f"could not make a venv at {venv}")
-        source = unpack(sdist, cache / "build" / name)
+        source = unpack(sdist, cache / "build" / name) if sdist is not None else None
         pip(python, "install", *(str(source) + d[1:] if d.startswith(".") else d for d in suite.deps))
         shutil.rmtree(cache / "build" / name, ignore_errors=True)
+        if suite.check and subprocess.run([str(python), "-c", suite.check]).returncode != 0:
+            raise SetupError(f"{name} is installed without what its suite needs: {suite.check!r} failed")
         stamp.write_text(wanted)
     # Editable, so that every run measures this checkout as it is now.
     pip(python, "install", "--no-deps", "-e", str(ROOT))
     return python
 
 
-def command(mode: str, python: Path, tests: tuple[str, ...], xml: Path) -> list[str]:
+def command(mode: str, python: Path, suite: Suite, xml: Path) -> list[str]:
     # Each mode runs in a fresh copy of the sources, so pytest's cache cannot carry over.
-    pytest_args = [*tests, "-q", f"--junitxml={xml}"]
+    pytest_args = [*(["--pyargs"] if suite.wheel else []), *suite.tests, "-q", f"--junitxml={xml}"]
     if mode == "plugin":
         return [str(python), "-m", "pytest", "-p", "importwatch", *pytest_args]
     if mode == "runner":
@@ -156,8 +186,9 @@ def command(mode: str, python: Path, tests: tuple[str, ...], xml: Path) -> list[
     return [str(python), "-m", "pytest", *pytest_args]
 
 
-def clean_environment(mode: str) -> dict[str, str]:
-    """This environment without what would change how a suite runs, plus the mode's switch."""
+def clean_environment(mode: str, stderr: str | None = None) -> dict[str, str]:
+    """This environment without what would change how a suite runs, plus the mode's switch and, for
+    a traced mode, STDERR as IMPORTWATCH_STDERR (the runner and the plugin read it too)."""
     env = {
         key: value
         for key, value in os.environ.items()
@@ -165,6 +196,8 @@ def clean_environment(mode: str) -> dict[str, str]:
     }
     if mode == "env":
         env["IMPORTWATCH"] = "1"
+    if stderr is not None and mode != "plain":
+        env["IMPORTWATCH_STDERR"] = stderr
     return env
 
 
@@ -190,16 +223,30 @@ def read_outcomes(xml: Path) -> dict[str, tuple[str, str]]:
     return outcomes
 
 
-def run_mode(mode: str, name: str, suite: Suite, sdist: Path, python: Path, work: Path, limit: float) -> Run:
+def run_mode(
+    mode: str,
+    name: str,
+    suite: Suite,
+    sdist: Path | None,
+    python: Path,
+    work: Path,
+    limit: float,
+    stderr: str | None = None,
+) -> Run:
     place = work / name / mode
-    source = unpack(sdist, place / "src")
+    if sdist is not None:
+        source = unpack(sdist, place / "src")
+    else:  # the installed tests, run from an empty folder: nothing there shadows the package
+        source = place / "src"
+        shutil.rmtree(source, ignore_errors=True)
+        source.mkdir(parents=True)
     xml = place / "junit.xml"
-    argv = command(mode, python, suite.tests, xml)
+    argv = command(mode, python, suite, xml)
     log(f"{name}: {mode}: {' '.join(argv[1:])}")
     with open(place / "output.txt", "wb") as output:
         started = time.monotonic()
         child = subprocess.Popen(
-            argv, cwd=source, env=clean_environment(mode), stdin=subprocess.DEVNULL,
+            argv, cwd=source, env=clean_environment(mode, stderr), stdin=subprocess.DEVNULL,
             stdout=output, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
         note = ""
@@ -234,6 +281,11 @@ def main() -> int:
     parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, from {','.join(MODES)}")
     default_cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "importwatch-fidelity"
     parser.add_argument("--cache", type=Path, default=default_cache, help="sdists, venvs, last outputs")
+    parser.add_argument(
+        "--stderr",
+        choices=("all", "stalls", "none"),
+        help="IMPORTWATCH_STDERR for the traced modes (stalls: the quiet mode; default: importwatch's own)",
+    )
     parser.add_argument("--limit", type=float, default=5400.0, help="seconds one suite may run in one mode")
     options = parser.parse_args()
     unknown = [s for s in options.suites if s not in SUITES]
@@ -254,7 +306,10 @@ def main() -> int:
         except SetupError as error:
             log(f"{name}: {error}")
             return SETUP_FAILED
-        runs = {mode: run_mode(mode, name, suite, sdist, python, work, options.limit) for mode in modes}
+        runs = {
+            mode: run_mode(mode, name, suite, sdist, python, work, options.limit, options.stderr)
+            for mode in modes
+        }
         plain = runs["plain"]
         cells = []
         lines = []

@@ -153,11 +153,11 @@ def mask_argv(argv: list[str]) -> list[str]:
             masked.append(name + equals + MASK)
             continue
         if arg.startswith("-") and len(arg) > 1:
-            if arg.startswith("-p") and len(arg) > 2:
+            if is_secret(arg):  # -passwd X: the value comes next
+                hide_next = True
+            elif arg.startswith("-p") and len(arg) > 2 and arg[2] != "-":
                 masked.append("-p" + MASK)
                 continue
-            if is_secret(arg):
-                hide_next = True
         masked.append(mask_text(arg))
     return masked
 
