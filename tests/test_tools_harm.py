@@ -137,7 +137,7 @@ def test_secrets_are_masked_on_the_start_line_in_the_log_and_in_report(tmp_path:
     assert "TORCH_HUB_AUTH=***" in done.stderr and "NCCL_IB_PASS=***" in done.stderr
     assert "'--monkey', 'banana'" in done.stderr  # a harmless word is shown
     assert_no_secret(done.stderr + (tmp_path / log).read_text())
-    for form in ("summary", "tree", "chrome"):
+    for form in ("summary", "tree", "chrome", "html"):
         shown = importwatch("report", "-f", form, log, cwd=tmp_path)
         assert shown.returncode == 0, shown.stderr
         assert_no_secret(shown.stdout + shown.stderr)
