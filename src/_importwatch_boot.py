@@ -9,8 +9,7 @@ through a .pth of its own that sorts later (_editable_impl_importwatch.pth). The
 activation waits for the first .pth after which importwatch can be imported.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: it would import __future__, which plain python has not.
 import os
 import sys
 

@@ -5,15 +5,19 @@ switch tracing on and off in the current process; checkpoint() and phase() mark
 where the program is, and do nothing while tracing is off.
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations` here: it imports __future__, and what is loaded before
+# handback.mark() below counts as the program's (docs/architecture.md, start-up imports).
+from importwatch.tracing import handback
+
+handback.mark()
 
 __version__ = "0.1.0"
 __all__ = ["__version__", "checkpoint", "install", "phase", "uninstall"]
 
-from importwatch.tracing.phases import checkpoint, phase
+from importwatch.tracing.phases import checkpoint, phase  # noqa: E402
 
 
-def install(timeout: float | None = None, log: str | None = None, exit_on_stall: bool = False) -> None:
+def install(timeout: "float | None" = None, log: "str | None" = None, exit_on_stall: bool = False) -> None:
     """Start tracing this process now, with the IMPORTWATCH_* variables for what is not given."""
     from importwatch import config
     from importwatch.tracing import session

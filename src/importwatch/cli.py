@@ -81,10 +81,16 @@ def main(argv: list[str] | None = None) -> int:
     return EXIT_OK
 
 
-def prepare(argv: list[str] | None = None) -> int | Launch:
-    """Everything before the program runs: an exit status when there is nothing to run, else what to run."""
+def prepare(argv: list[str] | None = None, path0_taken: bool = False) -> int | Launch:
+    """Everything before the program runs: an exit status when there is nothing to run, else what to run.
+
+    PATH0_TAKEN: `python -m importwatch` took the working folder off the front of sys.path
+    (runner.take_path0), so that it shadows none of our imports.
+    """
     args = sys.argv[1:] if argv is None else argv
     if args and args[0] in SUBCOMMANDS:
+        if path0_taken:
+            sys.path.append(os.getcwd())  # what a subcommand looks up there, behind everything of ours
         return _subcommand(args[0], args[1:])
     try:
         options, target = parse(args)
@@ -94,7 +100,7 @@ def prepare(argv: list[str] | None = None) -> int | Launch:
         return EXIT_OK
     if target.kind == "script" and target.value in SUBCOMMANDS and not os.path.exists(target.value):
         return fail(_subcommand_first(args, target))
-    return _start(options, target)
+    return _start(options, target, path0_taken)
 
 
 def _subcommand_first(args: list[str], target: Target) -> str:
@@ -137,7 +143,7 @@ _FLAGS = {
 }
 
 
-def _start(options: dict, target: Target) -> int | Launch:
+def _start(options: dict, target: Target, path0_taken: bool = False) -> int | Launch:
     from importwatch.tracing import runner, session
 
     try:
@@ -153,8 +159,12 @@ def _start(options: dict, target: Target) -> int | Launch:
     settings, warnings = config.merge(options, watcher=True)
     # The target's children (workers, torchrun's ranks) trace themselves through the .pth.
     os.environ.update(config.to_env(settings))
-    session.activate(settings, warnings, argv=target.describe())
-    return runner.launch(target, code, path)
+    started_here = session.active() is None  # else IMPORTWATCH=1 traced our imports as they came
+    tracing = session.activate(settings, warnings, argv=target.describe())
+    launch = runner.launch(target, code, path, path0_taken)
+    if started_here:
+        tracing.held.put_aside()  # what the runner itself imported after activation
+    return launch
 
 
 def _subcommand(name: str, args: list[str]) -> int:

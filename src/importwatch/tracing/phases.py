@@ -5,8 +5,8 @@ they cost one global lookup (checkpoint) or one small object (phase), and write
 nothing. This module imports nothing, so ``import importwatch`` stays light.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations` (annotations are quoted instead): `import importwatch`
+# would import __future__, which the program may not (see tracing/handback.py).
 import _thread
 
 TYPE_CHECKING = False
@@ -17,11 +17,11 @@ if TYPE_CHECKING:
     from importwatch.tracing.hook import TracedStep, Tracer
 
 # The tracer of the tracing active in this process; the session binds it, None while off.
-_tracer: Tracer | None = None
+_tracer: "Tracer | None" = None
 _INFINITY = float("inf")
 
 
-def bind(tracer: Tracer | None) -> None:
+def bind(tracer: "Tracer | None") -> None:
     """Where phases and checkpoints go from now on (the session's call; None: nowhere)."""
     global _tracer
     _tracer = tracer
@@ -56,7 +56,7 @@ class phase:
 
     __slots__ = ("_started", "name", "timeout")
 
-    def __init__(self, name: str, timeout: float | None = None) -> None:
+    def __init__(self, name: str, timeout: "float | None" = None) -> None:
         if timeout is not None:
             timeout = float(timeout)
             if not 0 <= timeout < _INFINITY:
@@ -65,7 +65,7 @@ class phase:
         self.timeout = timeout
         self._started: tuple[Tracer, TracedStep, str, str] | None = None
 
-    def __enter__(self) -> phase:
+    def __enter__(self) -> "phase":
         tracer = _tracer
         if tracer is not None:
             name = str(self.name)
@@ -78,9 +78,9 @@ class phase:
 
     def __exit__(
         self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        traceback: TracebackType | None,
+        kind: "type[BaseException] | None",
+        error: "BaseException | None",
+        traceback: "TracebackType | None",
     ) -> None:
         started = self._started
         if started is None:
@@ -95,14 +95,14 @@ class phase:
 
         tracer.write(PHASE_END, fields, depth)
 
-    def __call__(self, function: Callable) -> Callable:
+    def __call__(self, function: "Callable") -> "Callable":
         """As a decorator: each call of FUNCTION runs in this phase (tracing on or off at call time)."""
         import functools  # only when decorating: importing importwatch must stay light
 
         name, timeout = self.name, self.timeout
 
         @functools.wraps(function)
-        def in_phase(*args: Any, **kwargs: Any) -> Any:
+        def in_phase(*args: "Any", **kwargs: "Any") -> "Any":
             if _tracer is None:
                 return function(*args, **kwargs)
             with phase(name, timeout):

@@ -12,8 +12,11 @@ import _frozen_importlib as _bootstrap
 import _frozen_importlib_external as _external
 import builtins
 import os
+import stat as _stat
 import sys
 import types
+
+from importwatch.tracing import handback
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -68,7 +71,7 @@ def prepare(target: Target) -> tuple[types.CodeType | None, str | None]:
     runpy, and have no code here.
     """
     if target.kind == "module":
-        import runpy
+        handback.import_as_python_would("runpy")  # python -m loads it too
     if target.kind == "stdin":
         # python - parses the whole of stdin before it runs any of it: so does this.
         stdin = sys.stdin
@@ -91,8 +94,7 @@ def prepare(target: Target) -> tuple[types.CodeType | None, str | None]:
     # Like python's own __file__: made absolute by joining the cwd, not normalised.
     path = target.value if os.path.isabs(target.value) else os.path.join(os.getcwd(), target.value)
     if os.path.isdir(path) or is_zip(path):
-        import runpy  # noqa: F401
-
+        handback.import_as_python_would("runpy")  # python runs a directory or a zip through it too
         return None, path
     try:
         with open(path, "rb") as file:
@@ -103,16 +105,65 @@ def prepare(target: Target) -> tuple[types.CodeType | None, str | None]:
         import marshal
 
         return marshal.loads(source[16:]), path
-    return compile(source, path, "exec", dont_inherit=True), path
+    return compiled_as_python_would(path, source), path
 
 
 def is_zip(path: str) -> bool:
-    """A zip file, which python runs through its __main__.py as it does a directory."""
+    """A zip file, which python runs through its __main__.py as it does a directory.
+
+    Only a regular file can be one: reading a pipe (/dev/stdin, `<(...)`) to look would
+    take from the program what python runs.
+    """
     try:
+        if not _stat.S_ISREG(os.stat(path).st_mode):
+            return False
         with open(path, "rb") as file:
             return file.read(4) == b"PK\x03\x04"
     except OSError:
         return False
+
+
+def take_path0() -> bool:
+    """Take off sys.path the working folder `python -m importwatch` put first; whether it was.
+
+    Our own imports (the subcommands', the runner's, at start-up) must not find a json.py
+    or fcntl.py the user keeps there: the program gets its own sys.path[0] in launch().
+    """
+    if getattr(sys.flags, "safe_path", False) or sys.flags.isolated or not sys.path:
+        return False
+    try:
+        if sys.path[0] != os.getcwd():
+            return False
+    except OSError:
+        return False
+    del sys.path[0]
+    return True
+
+
+def compiled_as_python_would(path: str, source: bytes) -> types.CodeType:
+    """SOURCE compiled; where it cannot be, python itself says why, as it would for the file.
+
+    python reads a script through its file tokenizer, whose messages for a NUL byte, bad
+    UTF-8 or an unknown coding differ from compile()'s, by version. So on a syntax error
+    this process becomes `python [its flags] PATH` (before tracing starts: nothing of ours
+    is lost), which prints python's own message and exits with python's status.
+    """
+    try:
+        return compile(source, path, "exec", dont_inherit=True)
+    except (SyntaxError, ValueError):
+        executable = sys.executable
+        if not executable:
+            raise
+        import subprocess
+
+        flags = subprocess._args_from_interpreter_flags()  # type: ignore[attr-defined]
+        for stream in (sys.stdout, sys.stderr):
+            if stream is not None:
+                stream.flush()
+        # Without IMPORTWATCH*: python's message alone, as plain python gives it.
+        env = {key: value for key, value in os.environ.items() if not key.startswith("IMPORTWATCH")}
+        os.execve(executable, [executable, *flags, path], env)
+        raise  # not reached
 
 
 def _path0(target: Target, path: str | None) -> str | None:
@@ -129,22 +180,29 @@ def _path0(target: Target, path: str | None) -> str | None:
     return os.path.dirname(os.path.realpath(path))
 
 
-def launch(target: Target, code: types.CodeType | None, path: str | None) -> Launch:
-    """Make sys.argv, sys.path[0] and a fresh __main__ what python makes them; what to run then."""
+def launch(
+    target: Target, code: types.CodeType | None, path: str | None, path0_taken: bool = False
+) -> Launch:
+    """Make sys.argv, sys.path[0] and a fresh __main__ what python makes them; what to run then.
+
+    PATH0_TAKEN: the entry `python -m` put first on sys.path was taken off (see take_path0), so the
+    target's goes in front rather than in its place.
+    """
     sys.argv[:] = [target.value if target.kind == "script" else _FLAG[target.kind], *target.args]
     path0 = _path0(target, path)
     if path0 is not None:
-        if sys.path:
+        if path0_taken or not sys.path:
+            sys.path.insert(0, path0)
+        elif sys.path:
             sys.path[0] = path0
-        else:
-            sys.path.append(path0)
     main = types.ModuleType("__main__")
     namespace = main.__dict__
     # What the interpreter puts in its own __main__ (runpy keeps it for -m): the builtins module,
     # not the dict exec() would add, and an empty __annotations__ (up to 3.13).
-    namespace["__builtins__"] = builtins
+    # In python's order (globals() shows it): __annotations__ first, up to 3.13.
     if sys.version_info < (3, 14):
         namespace["__annotations__"] = {}
+    namespace["__builtins__"] = builtins
     sys.modules["__main__"] = main
     if target.kind == "module":
         return Launch(None, namespace, target.value, alter_argv=True)
@@ -191,18 +249,57 @@ def report_uncaught(error: BaseException) -> None:
     Then the same exception leaves the interpreter with a hook that prints nothing,
     so python itself sets the exit status: 1, or death by SIGINT for KeyboardInterrupt.
     """
-    traceback = error.__traceback__
-    while traceback is not None and _is_ours(traceback.tb_frame.f_code.co_filename):
-        traceback = traceback.tb_next
+    traceback = _without_ours(error.__traceback__)
     error.__traceback__ = traceback
     sys.last_type, sys.last_value, sys.last_traceback = type(error), error, traceback
     if sys.version_info >= (3, 12):
         sys.last_exc = error
     try:
-        sys.excepthook(type(error), error, traceback)
+        _call_excepthook(error, traceback)
     finally:
         sys.excepthook = _quiet_excepthook
     raise error
+
+
+def _call_excepthook(error: BaseException, traceback: types.TracebackType | None) -> None:
+    """sys.excepthook, and what python prints when it is missing, None or raises."""
+    hook = getattr(sys, "excepthook", None)
+    if hook is None and not hasattr(sys, "excepthook"):
+        _say("sys.excepthook is missing\n")
+        sys.__excepthook__(type(error), error, traceback)
+        return
+    try:
+        hook(type(error), error, traceback)  # type: ignore[misc]
+    except SystemExit:
+        raise  # python exits with the hook's status too
+    except BaseException as hook_error:
+        hook_traceback = hook_error.__traceback__ = _without_ours(hook_error.__traceback__)
+        if hook_error.__context__ is error:  # python calls the hook with no exception in hand
+            hook_error.__context__ = None
+        if sys.stdout is not None:
+            try:
+                sys.stdout.flush()
+            except Exception:
+                pass
+        _say("Error in sys.excepthook:\n")
+        sys.__excepthook__(type(hook_error), hook_error, hook_traceback)
+        _say("\nOriginal exception was:\n")
+        sys.__excepthook__(type(error), error, traceback)
+
+
+def _say(text: str) -> None:
+    stderr = sys.stderr
+    if stderr is not None:
+        try:
+            stderr.write(text)
+        except Exception:
+            pass
+
+
+def _without_ours(traceback: types.TracebackType | None) -> types.TracebackType | None:
+    while traceback is not None and _is_ours(traceback.tb_frame.f_code.co_filename):
+        traceback = traceback.tb_next
+    return traceback
 
 
 def _quiet_excepthook(*_: object) -> None:

@@ -19,6 +19,7 @@ from importwatch.facts import procstat
 from importwatch.tracing import banner, phases
 from importwatch.tracing.doors import Doors
 from importwatch.tracing.faults import SharedFaulthandler
+from importwatch.tracing.handback import Held
 from importwatch.tracing.hook import NEVER, Tracer, as_importlib_frame
 from importwatch.tracing.native import NativeLoads
 from importwatch.tracing.sink import CLOCKS, Sink
@@ -56,6 +57,9 @@ class Session:
         self.sink.set_stderr(settings.stderr)
         self.sink.on_log_lost = self._log_lost
         self.tracer = Tracer(self.sink)
+        # What our start-up imported that the program had not: out of sys.modules until it imports each.
+        self.held = Held(self.tracer)
+        self.tracer.import_own = self.held.lending(self.tracer.import_own)  # type: ignore[method-assign]
         self.native = NativeLoads(self.tracer)
         self.blocking: BlockingSteps | None = None  # see BLOCKING_TARGETS
         self._blocking_lock = _thread.allocate_lock()  # two threads may bring targets in at once
@@ -93,6 +97,7 @@ class Session:
         self.faults.install()
         self._start_faulthandler()
         self._start_watchdog()
+        self.held.put_aside()
 
     def reconfigure(self, settings: Settings) -> None:
         """The runner under IMPORTWATCH=1: its options win over what the .pth read."""
@@ -121,6 +126,7 @@ class Session:
         self.native.uninstall()
         self.doors.uninstall()
         self.tracer.uninstall()
+        self.held.restore()
         if self._usr1:
             faulthandler.unregister(_signal.SIGUSR1)
             self._usr1 = False

@@ -34,6 +34,8 @@ from importwatch.facts import procstat
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Any
+
     from importwatch.tracing.sink import Sink
 
 # How long the program's exit waits for the watcher to finish the lines it is writing.
@@ -44,6 +46,8 @@ _PIPE_SIZE = 1 << 20
 _PACKAGE_ROOT = os.path.dirname(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 )  # above importwatch/tracing/
+# fcntl, once the watcher is launched (see hush).
+_fcntl: Any = None
 _BOOT = "import sys; sys.path.insert(0, sys.argv.pop(1)); from importwatch.watcher.loop import main; sys.exit(main())"
 
 
@@ -56,7 +60,21 @@ def launch(sink: Sink, timeout: float, log: str | None, exit_on_stall: bool = Fa
     read_fd, write_fd = _pipe()
     pid = os.getpid()
     start = _start_time(pid)
-    argv = [executable, "-I", "-S", "-c", _BOOT, _PACKAGE_ROOT, "--pid", str(pid), "--feed", str(read_fd)]
+    # -B: the watcher writes no .pyc (into an editable install's source tree, say): a program run
+    # with -B or PYTHONDONTWRITEBYTECODE=1 writes none, and one run without it writes its own.
+    argv = [
+        executable,
+        "-I",
+        "-S",
+        "-B",
+        "-c",
+        _BOOT,
+        _PACKAGE_ROOT,
+        "--pid",
+        str(pid),
+        "--feed",
+        str(read_fd),
+    ]
     argv += ["--timeout", repr(timeout), "--start", str(start)]
     # The watcher writes to the descriptor the program opened, never re-opens the path: in a shared
     # folder the name may point elsewhere by then.
@@ -176,12 +194,12 @@ def hush(sink: Sink) -> None:
     The lock taken here is held until the process is gone, so once the parent has
     the exit status no line of the watcher follows the program's own last output.
     """
-    import fcntl
     import time
 
     feed = sink.feed
-    if feed is None:
+    if feed is None or _fcntl is None:
         return
+    fcntl = _fcntl  # not `import fcntl`: at the exit that import would be one more of the program's
     sink.feed_line("#exit")
     # Counted in tries, not by the clock: a debugger that stops this process meanwhile (the
     # watcher's, reading stacks it will write once it lets go) must not use up the wait.
@@ -198,8 +216,10 @@ def hush(sink: Sink) -> None:
 
 def _pipe() -> tuple[int, int]:
     """A pipe whose ends are above 2 (stdin may be closed), the write end non-blocking and enlarged."""
+    global _fcntl
     import fcntl
 
+    _fcntl = fcntl  # for hush(), at the exit: by then fcntl is held (tracing/handback.py) or the program's
     ends = []
     for fd in os.pipe():
         if fd <= 2:
