@@ -249,14 +249,13 @@ def test_every_kind_has_an_example_and_no_field_takes_a_json_lines_own_key() -> 
 
 def _written(tmp_path: Path, name: str) -> list[str]:
     """EXAMPLES as the Sink writes them to a log called NAME (no stderr: it goes to /dev/null)."""
-    null = os.open(os.devnull, os.O_WRONLY)
-    sink = Sink(null)
+    sink = Sink(os.open(os.devnull, os.O_WRONLY))  # the Sink takes it over as its copy of stderr
     sink.set_stderr("none")
     assert sink.open_log(str(tmp_path / name))
     for kind, fields, depth in EXAMPLES:
         sink.event(kind, fields, depth)
     sink.close_log()
-    os.close(null)
+    sink.close_stderr()
     return (tmp_path / name).read_text().splitlines()
 
 
@@ -305,17 +304,16 @@ def test_a_thread_name_in_another_script_reads_back_escaped_from_both_lines(tmp_
     name = "W\u00f6rker \u7ebf\u7a0b"
     message = f"{name} (tid 8, pt_main): running, 97% CPU: busy"
     fields = {"message": message, "verdict": "busy", "thread_name": name, "tid": 8}
-    null = os.open(os.devnull, os.O_WRONLY)
     read = []
     for log in ("a.log", "a.jsonl"):
-        sink = Sink(null)
+        sink = Sink(os.open(os.devnull, os.O_WRONLY))  # the Sink takes it over as its copy of stderr
         sink.set_stderr("none")
         assert sink.open_log(str(tmp_path / log))
         sink.event(events.OUTSIDE, fields)
         sink.close_log()
+        sink.close_stderr()
         line = (tmp_path / log).read_text()
         assert line.isascii()
         read.append(read_line(line).data())
-    os.close(null)
     escaped = "W\\xf6rker \\u7ebf\\u7a0b"
     assert read[0] == read[1] == {**fields, "message": message.replace(name, escaped), "thread_name": escaped}
