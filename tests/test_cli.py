@@ -156,6 +156,7 @@ def test_help_lists_every_option_variable_and_expansion() -> None:
     text = importwatch("--help").stdout
     source = Path(cli.__file__).read_text()
     options = set(re.findall(r"\"(--[a-z][a-z-]+)\"", source)) | {"-m", "-c", "-h"}
+    options |= {*config.VALUE_OPTIONS, *config.FLAG_OPTIONS}  # the settings' options, which cli.py reads
     assert {"--timeout", "--log", "--stderr", "--watcher", "--no-watcher"} <= options
     variables = {value for name, value in vars(config).items() if name.startswith("ENV_")}
     variables |= set(re.findall(r"\"(IMPORTWATCH[A-Z_]*)\"", Path(config.__file__).read_text()))

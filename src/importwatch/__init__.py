@@ -18,12 +18,27 @@ from importwatch.tracing.phases import checkpoint, phase  # noqa: E402
 
 
 def install(timeout: "float | None" = None, log: "str | None" = None, exit_on_stall: bool = False) -> None:
-    """Start tracing this process now, with the IMPORTWATCH_* variables for what is not given."""
+    """Start tracing this process now, with the IMPORTWATCH_* variables for what is not given.
+
+    TIMEOUT is the stall threshold in seconds: 0 (the watchdog off) or 0.1 to 604800. A bad
+    argument is a programming error: a ValueError that names it, and tracing stays off. A bad
+    IMPORTWATCH_* variable is said once on stderr, and its default is used.
+    """
     from importwatch import config
     from importwatch.tracing import session
 
-    given = {"timeout": timeout, "log": log, "exit_on_stall": exit_on_stall or None}
-    session.activate(*config.merge(given))
+    # False is "not asked for", so that IMPORTWATCH_EXIT_ON_STALL=1 still turns it on.
+    given = {
+        "timeout": timeout,
+        "log": log,
+        "exit_on_stall": exit_on_stall if exit_on_stall is not False else None,
+    }
+    session.activate(*config.merge(given, source=_argument))
+
+
+def _argument(field: str) -> str:
+    """How an error names install()'s argument for FIELD."""
+    return f"install({field}=...)"
 
 
 def uninstall() -> None:

@@ -98,6 +98,11 @@ def prepare(argv: list[str] | None = None, path0_taken: bool = False) -> int | L
         return fail(str(error))
     if options is None:
         return EXIT_OK
+    if options.get("log"):
+        try:
+            config.check_log_folder(options["log"], "--log")
+        except config.ConfigError as error:
+            return fail(str(error))
     if target.kind == "script" and target.value in SUBCOMMANDS and not os.path.exists(target.value):
         return fail(_subcommand_first(args, target))
     return _start(options, target, path0_taken)
@@ -119,28 +124,10 @@ def _subcommand_first(args: list[str], target: Target) -> str:
 def parse(args: list[str]) -> tuple[dict | None, Target | None]:
     """Options up to the target; the target and everything after it untouched."""
     texts = {"-h": USAGE, "--help": USAGE, "--version": f"importwatch {__version__}\n"}
-    parsed = options_then_target(args, "importwatch", texts, _VALUES, _FLAGS, stdin=True)
+    parsed = options_then_target(
+        args, "importwatch", texts, config.VALUE_OPTIONS, config.FLAG_OPTIONS, stdin=True
+    )
     return (None, None) if parsed is None else parsed
-
-
-def _log_path(text: str, source: str) -> str:
-    if not text:
-        raise UsageError(f"{source} needs a path")
-    return config.check_log_folder(text, source)
-
-
-# The options, by the Settings field each sets (see config.merge).
-_VALUES = {
-    "--timeout": ("timeout", config.parse_timeout),
-    "--log": ("log", _log_path),
-    "--stderr": ("stderr", config.parse_stderr),
-}
-_FLAGS = {
-    "--exit-on-stall": ("exit_on_stall", True),
-    "--watcher": ("watcher", True),
-    "--no-watcher": ("watcher", False),
-    "--dump-on-sigusr1": ("dump_on_sigusr1", True),
-}
 
 
 def _start(options: dict, target: Target, path0_taken: bool = False) -> int | Launch:

@@ -6,7 +6,7 @@ import os
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Mapping, Sequence
     from typing import Any, Callable
 
 DEFAULT_TIMEOUT = 30.0
@@ -86,13 +86,28 @@ def parse_timeout(text: str, source: str, needs: str | None = None) -> float:
         value = float(text)
     except ValueError:
         raise ConfigError(f"{source}: expected a number of seconds, got {text!r}") from None
+    return check_timeout(value, source, needs, text)
+
+
+def check_timeout(value: float, source: str, needs: str | None = None, text: object = None) -> float:
+    """VALUE if it is a stall threshold (see parse_timeout), else a ConfigError naming SOURCE."""
+    shown = repr(value if text is None else text)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{source}: expected a number of seconds, got {shown}")
     if value != 0 and not MIN_TIMEOUT <= value <= MAX_TIMEOUT:
         raise ConfigError(
-            f"{source}: expected 0 (off) or {MIN_TIMEOUT:g} to {MAX_TIMEOUT:.0f} seconds (7 days), got {text!r}"
+            f"{source}: expected 0 (off) or {MIN_TIMEOUT:g} to {MAX_TIMEOUT:.0f} seconds (7 days), got {shown}"
         )
     if value == 0 and needs is not None:
-        raise ConfigError(f"{source}: {needs} needs a number of seconds > 0, got {text!r}")
-    return value
+        raise ConfigError(f"{source}: {needs} needs a number of seconds > 0, got {shown}")
+    return float(value)
+
+
+def parse_log(text: str, source: str) -> str:
+    """A log path: any non-empty text (see expand_log_path)."""
+    if not text:
+        raise ConfigError(f"{source} needs a path")
+    return text
 
 
 def parse_stderr(text: str, source: str) -> str:
@@ -113,22 +128,67 @@ def parse_flag(text: str, source: str) -> bool:
     raise ConfigError(f"{source}: expected 1 or 0, got {text!r}")
 
 
+# The runner's options for each setting, by the Settings field each sets: the runner's command line
+# (cli.py), the watcher's (from_options) and what to_options writes all read from these.
+VALUE_OPTIONS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
+    "--timeout": ("timeout", parse_timeout),
+    "--log": ("log", parse_log),
+    "--stderr": ("stderr", parse_stderr),
+}
+FLAG_OPTIONS: dict[str, tuple[str, bool]] = {
+    "--exit-on-stall": ("exit_on_stall", True),
+    "--watcher": ("watcher", True),
+    "--no-watcher": ("watcher", False),
+    "--dump-on-sigusr1": ("dump_on_sigusr1", True),
+}
+
+
+def option_name(field: str) -> str:
+    """The runner's option for a Settings field: how an error names a bad one given on a command line."""
+    return "--" + field.replace("_", "-")
+
+
+def _check(field: str, value: Any, source: str, needs: str | None) -> Any:
+    """VALUE, given for FIELD by SOURCE (an option, or an argument of install()), if it is one."""
+    if field == "timeout":
+        return check_timeout(value, source, needs)
+    if field == "log":
+        if isinstance(value, os.PathLike):
+            value = os.fspath(value)
+        if not isinstance(value, str) or not value:
+            raise ConfigError(f"{source}: expected a path, got {value!r}")
+        return value
+    if field == "stderr":
+        if value not in STDERR_MODES:
+            raise ConfigError(f"{source}: expected one of {', '.join(STDERR_MODES)}, got {value!r}")
+        return value
+    if not isinstance(value, bool):  # the switches
+        raise ConfigError(f"{source}: expected True or False, got {value!r}")
+    return value
+
+
 def merge(
     options: dict[str, object] | None = None,
     environ: Mapping[str, str] | None = None,
     watcher: bool | None = None,
     needs: str | None = None,
+    source: Callable[[str], str] = option_name,
 ) -> tuple[Settings, list[str]]:
     """The one merge of settings, for every entry point: each option wins over its variable, which wins over the default.
 
-    OPTIONS maps Settings' field names to values already checked (a command line's, parsed
-    with the parse_* functions here, or install()'s arguments); a missing or None value is
-    not given. A bad variable never stops the program: its default is used, and the
-    warnings returned say so, one each, for the caller to report once. WATCHER is the
+    OPTIONS maps Settings' field names to values (a command line's, parsed with the parse_*
+    functions here, or install()'s arguments); a missing or None value is not given. Each
+    is checked here: a bad one is a programming or usage error, a ConfigError (a ValueError)
+    that names it as SOURCE(field) does. A bad variable never stops the program: its default
+    is used, and the warnings returned say so, one each, for the caller to report once. WATCHER is the
     watcher's default when neither asks (on for the runner; None, off, under IMPORTWATCH=1).
     NEEDS names a command that cannot do without the watchdog (see parse_timeout).
     """
-    given = {name: value for name, value in (options or {}).items() if value is not None}
+    given = {
+        name: _check(name, value, source(name), needs)
+        for name, value in (options or {}).items()
+        if value is not None
+    }
     environ = os.environ if environ is None else environ
     warnings: list[str] = []
 
@@ -186,6 +246,41 @@ def to_options(settings: Settings) -> list[str]:
     if settings.dump_on_sigusr1:
         options.append("--dump-on-sigusr1")
     return options
+
+
+def from_options(args: Sequence[str]) -> Settings:
+    """The Settings that ARGS, written by to_options, give (the watcher reads its own so).
+
+    Through the one merge, with no variable read: a bad word is a ConfigError naming it.
+    """
+    given: dict[str, object] = {}
+    words = iter(args)
+    for word in words:
+        if word in FLAG_OPTIONS:
+            field, value = FLAG_OPTIONS[word]
+            given[field] = value
+        elif word in VALUE_OPTIONS:
+            field, parse = VALUE_OPTIONS[word]
+            given[field] = parse(next(words, ""), word)
+        else:
+            raise ConfigError(f"{word}: not an option of importwatch's settings")
+    return merge(given, {})[0]
+
+
+def for_child(
+    settings: Settings | None = None, environ: Mapping[str, str] | None = None
+) -> tuple[dict[str, str], list[str]]:
+    """A child process's environment and options: how every process we start gets its settings.
+
+    The environment is ENVIRON's (os.environ's) without any IMPORTWATCH* variable, so a child
+    never inherits ours by accident: a tool's child, a watcher, an interpreter asked for its
+    path are not traced. Given SETTINGS, the options are the runner's that trace the child
+    with exactly those (`python -m importwatch OPTIONS ...`); the runner hands them on to the
+    child's own children through to_env.
+    """
+    environ = os.environ if environ is None else environ
+    env = {name: value for name, value in environ.items() if not name.startswith(ENV_ON)}
+    return env, ([] if settings is None else to_options(settings))
 
 
 def expand_log_path(path: str, pid: int, rank: int | None = None) -> str:

@@ -231,10 +231,7 @@ class Session:
 
         self.spawning = True
         try:
-            settings = self.settings
-            why = watcher_launch.launch(
-                self.sink, settings.timeout, self.sink.log_path, settings.exit_on_stall
-            )
+            why = watcher_launch.launch(self.sink, self.settings)
         except OSError as error:
             why = str(error)
         finally:

@@ -30,12 +30,14 @@ from __future__ import annotations
 import os
 import sys
 
+from importwatch import config
 from importwatch.facts import procstat
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+    from importwatch.config import Settings
     from importwatch.tracing.sink import Sink
 
 # How long the program's exit waits for the watcher to finish the lines it is writing.
@@ -51,8 +53,8 @@ _fcntl: Any = None
 _BOOT = "import sys; sys.path.insert(0, sys.argv.pop(1)); from importwatch.watcher.loop import main; sys.exit(main())"
 
 
-def launch(sink: Sink, timeout: float, log: str | None, exit_on_stall: bool = False) -> str | None:
-    """Start the watcher for this process and connect SINK's feed to it; returns why not, or None."""
+def launch(sink: Sink, settings: Settings) -> str | None:
+    """Start the watcher for this process, with SETTINGS, and connect SINK's feed to it; returns why not, or None."""
     executable = sys.executable and os.path.abspath(sys.executable)  # it runs from /
     refused = _refused(executable)
     if refused:
@@ -62,33 +64,20 @@ def launch(sink: Sink, timeout: float, log: str | None, exit_on_stall: bool = Fa
     start = _start_time(pid)
     # -B: the watcher writes no .pyc (into an editable install's source tree, say): a program run
     # with -B or PYTHONDONTWRITEBYTECODE=1 writes none, and one run without it writes its own.
-    argv = [
-        executable,
-        "-I",
-        "-S",
-        "-B",
-        "-c",
-        _BOOT,
-        _PACKAGE_ROOT,
-        "--pid",
-        str(pid),
-        "--feed",
-        str(read_fd),
-    ]
-    argv += ["--timeout", repr(timeout), "--start", str(start)]
+    argv = [executable, "-I", "-S", "-B", "-c", _BOOT, _PACKAGE_ROOT, "--pid", str(pid), "--feed", str(read_fd)]
+    argv += ["--start", str(start)]
     # The watcher writes to the descriptor the program opened, never re-opens the path: in a shared
-    # folder the name may point elsewhere by then.
-    log_fd = sink.log.fd if log and sink.log is not None and not sink.log.broken else None
+    # folder the name may point elsewhere by then. The path it is given names that file.
+    log_fd = sink.log.fd if settings.log and sink.log is not None and not sink.log.broken else None
     if log_fd is not None:
-        argv += ["--log", log, "--log-fd", str(log_fd)]
-    if exit_on_stall:
-        argv.append("--exit-on-stall")
-    if sink.stderr_mode != "all":
-        argv += ["--stderr", sink.stderr_mode]
+        argv += ["--log-fd", str(log_fd)]
+    # Without IMPORTWATCH* the watcher never traces itself; -I drops the other PYTHON* variables.
+    env, options = config.for_child(settings.replace(log=sink.log_path if log_fd is not None else None))
+    argv += ["--", *options]
     stderr = sink.stderr.fd  # the pytest plugin writes to a copy of stderr taken before capture
     # The watcher-to-be waits for a go on GO.
     go_read, go_write = os.pipe()
-    watcher = _double_fork(executable, argv, stderr, (go_read, go_write), (read_fd, log_fd))
+    watcher = _double_fork(executable, argv, env, stderr, (go_read, go_write), (read_fd, log_fd))
     # Orphaned by the intermediate child, the watcher goes to the nearest child subreaper: if that
     # is this process (PR_SET_CHILD_SUBREAPER survives exec), it is our child and must not run.
     adopted = watcher > 0 and _is_child(watcher)
@@ -120,14 +109,17 @@ def _refused(executable: str) -> str | None:
 
 
 def _double_fork(
-    executable: str, argv: list[str], stderr: int, go: tuple[int, int], inherited: tuple[int, int | None]
+    executable: str,
+    argv: list[str],
+    env: dict[str, str],
+    stderr: int,
+    go: tuple[int, int],
+    inherited: tuple[int, int | None],
 ) -> int:
     """Fork a child that forks the watcher-to-be (waiting on GO's read end) and leaves at once.
 
     Returns the watcher-to-be's pid, or 0 when it could not be spawned. GO's read end is closed here.
     """
-    # Without IMPORTWATCH* the watcher never traces itself; -I drops the other PYTHON* variables.
-    env = {key: value for key, value in os.environ.items() if not key.startswith("IMPORTWATCH")}
     # The intermediate child tells the watcher's pid on INFO.
     info_read, info_write = os.pipe()
     child = os.fork()

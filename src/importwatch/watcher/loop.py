@@ -13,6 +13,7 @@ from importwatch.events import DIED, EXIT, VERDICT, WARNING, render
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from importwatch.config import Settings
     from importwatch.events.read import Event
     from importwatch.inflight import Started
     from importwatch.tracing.sink import Sink
@@ -668,40 +669,51 @@ class Watcher:
 
 
 def main(args: list[str] | None = None) -> int:
-    """`python -m importwatch.watcher.loop --pid PID --feed FD --timeout S [--log PATH [--log-fd FD]]`."""
-    import argparse
+    """`... --pid PID --feed FD [--start TICKS] [--log-fd FD] -- SETTINGS`, as watcher_launch writes it.
+
+    The words before `--` say which process to watch and the descriptors it handed down;
+    SETTINGS are the traced process's own, as config.to_options wrote them.
+    """
     import signal
 
-    parser = argparse.ArgumentParser(prog="importwatch.watcher")
-    parser.add_argument("--pid", type=int, required=True)
-    parser.add_argument("--feed", type=int, required=True)
-    # The traced process's Settings.timeout, as repr() wrote it once config.merge had checked it.
-    parser.add_argument("--timeout", type=float, required=True)
-    parser.add_argument("--start", type=int, default=None)
-    parser.add_argument("--log")  # the name of the log on --log-fd, for messages and its format
-    parser.add_argument("--log-fd", type=int, default=None)  # the program's open log: never re-opened
-    parser.add_argument("--exit-on-stall", action="store_true")
-    parser.add_argument("--stderr", default="all")  # the program's --stderr
-    options = parser.parse_args(sys.argv[1:] if args is None else args)
-    _close_inherited(keep={0, 1, 2, options.feed, options.log_fd})
+    plumbing, settings = _parse(sys.argv[1:] if args is None else args)
+    feed, log_fd = plumbing["--feed"], plumbing.get("--log-fd")
+    _close_inherited(keep={0, 1, 2, feed, log_fd})
     # The terminal's signals are the program's business; the watcher leaves when the program does.
     for name in ("SIGINT", "SIGHUP", "SIGTSTP", "SIGTTIN", "SIGTTOU", "SIGPIPE", "SIGQUIT"):
         signal.signal(getattr(signal, name), signal.SIG_IGN)
     from importwatch.tracing.sink import Sink
 
     sink = Sink()
-    sink.set_stderr(options.stderr)
-    sink.pid = options.pid  # every line is about the traced process
+    sink.set_stderr(settings.stderr)
+    sink.pid = plumbing["--pid"]  # every line is about the traced process
     sink.set_rank(sink.rank)
-    if options.log_fd is not None:
-        os.set_inheritable(options.log_fd, False)
-        sink.adopt_log(options.log_fd, options.log or f"descriptor {options.log_fd}")
-    watcher = Watcher(sink, options.pid, options.feed, options.timeout, options.start, options.exit_on_stall)
+    if log_fd is not None:
+        os.set_inheritable(log_fd, False)
+        sink.adopt_log(log_fd, settings.log or f"descriptor {log_fd}")
+    watcher = Watcher(sink, sink.pid, feed, settings.timeout, plumbing.get("--start"), settings.exit_on_stall)
     try:
         return watcher.run()
     except Exception as error:  # say it and go: a watcher must never hang around broken
         sink.warn(f"the watcher stopped: {type(error).__name__}: {error}")
         return 1
+
+
+def _parse(args: list[str]) -> tuple[dict[str, int], Settings]:
+    """main's command line: the numbers before `--`, by option, and the settings after it."""
+    from importwatch import config
+
+    split = args.index("--") if "--" in args else len(args)
+    words = args[:split]
+    if len(words) % 2 or not all(word.lstrip("-").isdigit() for word in words[1::2]):
+        raise SystemExit(f"importwatch watcher: bad command line {args!r}")
+    plumbing = {name: int(value) for name, value in zip(words[::2], words[1::2])}
+    if not {"--pid", "--feed"} <= plumbing.keys():
+        raise SystemExit("importwatch watcher: --pid and --feed are needed")
+    try:
+        return plumbing, config.from_options(args[split + 1 :])
+    except config.ConfigError as error:
+        raise SystemExit(f"importwatch watcher: {error}") from None
 
 
 def _close_inherited(keep: set[int]) -> None:

@@ -69,6 +69,7 @@ class Options:
 
     def __init__(self) -> None:
         self.timeout = config.DEFAULT_TIMEOUT  # merged with IMPORTWATCH_TIMEOUT (see parse)
+        self.settings = config.Settings()  # the tries' settings, merged with IMPORTWATCH_* (see parse)
         self.jobs = DEFAULT_JOBS
         self.max_tries = DEFAULT_MAX_TRIES
         self.max_time = DEFAULT_MAX_TIME
@@ -97,6 +98,7 @@ def parse(args: list[str], environ: dict[str, str] | None = None) -> Options | N
     for warning in warnings:
         sys.stderr.write(f"importwatch bisect: {warning}\n")
     options.timeout = settings.timeout
+    options.settings = settings
     options.kind = target.kind
     if target.kind != "script":
         options.target = target.describe()
@@ -176,7 +178,7 @@ class Bisection:
     def __init__(self, options: Options, workdir: str) -> None:
         self.options = options
         self.started = time.monotonic()
-        self.trials = Trials(options.timeout, workdir, deadline=self.started + options.max_time)
+        self.trials = Trials(options.settings, workdir, deadline=self.started + options.max_time)
         self.env = self._tries_env()
         self.stopped: str | None = None
         self._lock = threading.Lock()

@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 
+from importwatch import config
 from importwatch.events import IMPORT, NATIVE, VERDICT
 from importwatch.events.read import parse_line
 from importwatch.inflight import InFlight, Started
@@ -27,8 +28,6 @@ STOPPED = "stopped"  # we stopped it: --max-time spent, or the search no longer 
 
 # How often a running child's log is read.
 _POLL = 0.02
-# Our own environment variables are not the program's: the child gets its settings as options.
-_OURS = ("IMPORTWATCH", "IMPORTWATCH_TIMEOUT", "IMPORTWATCH_LOG", "IMPORTWATCH_EXIT_ON_STALL")
 
 
 class Terminated(KeyboardInterrupt):
@@ -239,11 +238,13 @@ class Trials:
     so a fixture's own children do not outlive the try either.
     """
 
-    def __init__(self, timeout: float, workdir: str, deadline: float | None = None) -> None:
-        self.timeout = timeout
+    def __init__(self, settings: config.Settings, workdir: str, deadline: float | None = None) -> None:
+        self.settings = settings  # the tries' settings, given to each as options
+        self.timeout = settings.timeout
         self.workdir = workdir  # where logs go; the caller removes it
         self.cwd = os.getcwd()
-        self.env = {name: value for name, value in os.environ.items() if name not in _OURS}
+        # Our own variables are not the program's: none reaches a try but through its options.
+        self.env = config.for_child()[0]
         self.deadline = deadline  # time.monotonic() after which every try is stopped
         self.stop = threading.Event()  # set: stop every running try
         self._count = 0
@@ -260,7 +261,7 @@ class Trials:
         return self._count
 
     def command(self, target: list[str], log: str) -> list[str]:
-        options = ["--timeout", f"{self.timeout:g}", "--exit-on-stall", "--log", log]
+        options = config.for_child(self.settings.replace(log=log, exit_on_stall=True))[1]
         return [sys.executable, "-m", "importwatch", *options, *target]
 
     def run(

@@ -8,6 +8,7 @@ import sys
 import time
 
 import importwatch
+from importwatch import config
 from importwatch.tools.children import kill_group, last_line
 
 TYPE_CHECKING = False
@@ -28,7 +29,7 @@ def child_env(extra_path: Sequence[str]) -> dict[str, str]:
     entry is made absolute from here, and importwatch itself stays importable when
     only the working directory held it.
     """
-    env = {key: value for key, value in os.environ.items() if not key.startswith("IMPORTWATCH")}
+    env = config.for_child()[0]
     entries = [*extra_path, *env.get("PYTHONPATH", "").split(os.pathsep)]
     entries = [os.path.abspath(entry) for entry in entries if entry]
     if _PACKAGE_ROOT not in entries and _PACKAGE_ROOT not in sys.path[1:]:

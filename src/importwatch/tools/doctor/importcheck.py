@@ -76,7 +76,7 @@ def check_import(
     with tempfile.TemporaryDirectory(prefix="importwatch-doctor-") as folder:
         log = os.path.join(folder, "trace.jsonl")
         errors = os.path.join(folder, "stderr.txt")
-        options = config.to_options(settings.replace(log=log, exit_on_stall=True))
+        options = config.for_child(settings.replace(log=log, exit_on_stall=True))[1]
         command = [sys.executable, "-m", "importwatch", *options]
         command += ["-c", "; ".join(f"import {name}" for name in modules)]
         with open(errors, "wb") as stderr:

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 
+from importwatch import config
 from importwatch.tools.inspection.process import owner_uid
 
 TYPE_CHECKING = False
@@ -91,7 +92,7 @@ def interpreter_facts(pid: int, exe: str, argv0: str, cwd: str | None, environ: 
             "their files as this user; the mapped libraries and PYTHONPATH stand in"
         )
         return None, python_path, invoked, why
-    env = {key: value for key, value in environ.items() if not key.startswith("IMPORTWATCH")}
+    env = config.for_child(environ=environ)[0]
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     try:
         done = subprocess.run(
