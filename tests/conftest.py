@@ -5,12 +5,39 @@ Plain helper functions live in helpers.py and the C builds in cbuild.py; tests i
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from cbuild import FIXTURES, compile_extension, compile_shared
 from helpers import Running, clean_env
+
+_CHECKOUT_SRC = Path(__file__).resolve().parent.parent / "src"
+# Run as the tests run their children: where importwatch comes from, and whether IMPORTWATCH=1 works.
+_PROBE = "import sys, importwatch; print(importwatch.__file__); print('importwatch.tracing.session' in sys.modules)"
+NOT_INSTALLED = "importwatch is not installed in this environment: run  pip install -e '.[test]'"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Most tests run importwatch as a user would: without an install of this checkout they would fail
+    with bare assertion errors, so say how to install, once, before any test runs (about 60 ms)."""
+    env = clean_env(IMPORTWATCH="1", IMPORTWATCH_STDERR="none")
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _PROBE], env=env, cwd="/", capture_output=True, text=True, timeout=60
+        )
+        where, activated = done.stdout.split()
+    except (subprocess.SubprocessError, ValueError):
+        where, activated = "", "False"
+    if where and not Path(where).resolve().is_relative_to(_CHECKOUT_SRC):
+        message = (
+            f"the importwatch installed here is {where}, not this checkout's: run  pip install -e '.[test]'"
+        )
+        pytest.exit(message, returncode=pytest.ExitCode.USAGE_ERROR)
+    if activated != "True":
+        pytest.exit(NOT_INSTALLED, returncode=pytest.ExitCode.USAGE_ERROR)
 
 
 # -- compiled fixtures ---------------------------------------------------------------

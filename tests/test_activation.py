@@ -66,6 +66,7 @@ def editable(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return env_dir
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["installed", "editable"])
 def test_variable_switches_tracing_on_in_a_fresh_venv(kind: str, request: pytest.FixtureRequest) -> None:
     env_dir = request.getfixturevalue(kind)
@@ -80,6 +81,7 @@ def test_variable_switches_tracing_on_in_a_fresh_venv(kind: str, request: pytest
     assert "> json" in on.stderr and "< json" in on.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["installed", "editable"])
 @pytest.mark.parametrize("value", [None, "", "0", "false", "no", "off", "OFF", "False", " No "])
 def test_off_means_not_even_imported(kind: str, value: str | None, request: pytest.FixtureRequest) -> None:
@@ -89,6 +91,7 @@ def test_off_means_not_even_imported(kind: str, value: str | None, request: pyte
     assert off.stdout == "False []\n" and off.stderr == ""
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flag", ["-I", "-E"])
 def test_isolated_and_ignore_environment_keep_it_off(installed: Path, flag: str) -> None:
     env = clean_env(IMPORTWATCH="1", IMPORTWATCH_LOG="/dev/null")
@@ -96,6 +99,7 @@ def test_isolated_and_ignore_environment_keep_it_off(installed: Path, flag: str)
     assert off.stdout == "False []\n" and off.stderr == ""
 
 
+@pytest.mark.slow
 def test_the_pth_runs_before_the_other_pth_files(installed: Path) -> None:
     # Another package's .pth files that import a module, named as setuptools names its own.
     site = Path(
@@ -127,6 +131,7 @@ def test_the_pth_runs_before_the_other_pth_files(installed: Path) -> None:
     assert "> early_a" in on.stderr and "> early_b" in on.stderr, on.stderr
 
 
+@pytest.mark.slow
 def test_a_missing_package_is_said_once_and_the_program_runs(installed: Path) -> None:
     site = Path(
         subprocess.run(
@@ -149,6 +154,7 @@ def test_a_missing_package_is_said_once_and_the_program_runs(installed: Path) ->
     assert result.stderr.count("tracing is off") == 1 and len(result.stderr.splitlines()) == 1, result.stderr
 
 
+@pytest.mark.slow
 def test_children_inherit_the_variable_and_carry_their_pid(installed: Path) -> None:
     code = (
         "import subprocess, sys, os\n"
@@ -163,6 +169,7 @@ def test_children_inherit_the_variable_and_carry_their_pid(installed: Path) -> N
     assert parent != child
 
 
+@pytest.mark.slow
 def test_activation_error_is_one_line_and_the_program_runs(installed: Path, tmp_path: Path) -> None:
     # A log path in a directory that does not exist: said once, tracing goes on to stderr.
     env = clean_env(IMPORTWATCH="1", IMPORTWATCH_LOG=str(tmp_path / "no" / "such" / "dir" / "x.log"))
@@ -179,6 +186,7 @@ def test_pth_is_a_single_guarded_line() -> None:
     assert os.environ.get("IMPORTWATCH_NEVER_SET_IN_TESTS") is None
 
 
+@pytest.mark.slow
 def test_blocking_steps_are_imported_only_when_a_module_they_wrap_arrives() -> None:
     """tracing/blocking.py costs the most of our modules at start-up: it waits for its targets."""
     code = (
@@ -203,6 +211,7 @@ def test_every_module_blocking_steps_wrap_brings_them_in() -> None:
     assert set(BlockingSteps(Tracer(Sink(2)))._targets) == set(session.BLOCKING_TARGETS)
 
 
+@pytest.mark.slow
 def test_the_facts_modules_are_imported_on_the_first_native_load_and_write_no_line() -> None:
     """ELF, CUDA, loaded and mapped objects: needed by native loads only, not by every interpreter start."""
     facts = ["importwatch.facts.elf", "importwatch.facts.cuda", "importwatch.facts.mapped"]
@@ -219,6 +228,7 @@ def test_the_facts_modules_are_imported_on_the_first_native_load_and_write_no_li
     assert "> dlopen " in done.stderr and "> importwatch" not in done.stderr
 
 
+@pytest.mark.slow
 def test_torch_facts_arrive_with_import_torch_and_write_no_line() -> None:
     """The torch line before `import torch` needs facts/cuda.py, imported then, without a line of its own."""
     pytest.importorskip("torch")

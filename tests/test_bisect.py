@@ -16,7 +16,7 @@ import pytest
 from cbuild import FIXTURES, compile_extension, compile_shared
 from helpers import clean_env
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.slow]
 
 BISECT_FIXTURES = FIXTURES / "bisect"
 BISECT = [sys.executable, "-m", "importwatch", "bisect"]

@@ -10,7 +10,7 @@ import pytest
 
 from helpers import clean_env, importwatch
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.slow]
 
 
 @pytest.mark.parametrize(

@@ -74,6 +74,7 @@ def _facts(built: dict[str, Path], name: str) -> TorchFacts:
     return facts
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_the_stand_in_extension_really_loads_its_runtime(built: dict[str, Path]) -> None:
     code = "import fastkern._kernels as k; print(k.runtime_version())"
@@ -82,6 +83,7 @@ def test_the_stand_in_extension_really_loads_its_runtime(built: dict[str, Path])
     assert done.stdout.strip() == "11000", done.stderr
 
 
+@pytest.mark.slow
 def test_verdict_names_both_cuda_versions(built: dict[str, Path]) -> None:
     extension = built["kernels"]
     verdicts = native_verdicts(str(extension), read_dynamic(str(extension)), _facts(built, "cu121"))
@@ -90,6 +92,7 @@ def test_verdict_names_both_cuda_versions(built: dict[str, Path]) -> None:
     ]
 
 
+@pytest.mark.slow
 def test_verdict_on_a_cpu_build(built: dict[str, Path]) -> None:
     extension = built["kernels"]
     verdicts = native_verdicts(str(extension), read_dynamic(str(extension)), _facts(built, "cpu"))
@@ -98,6 +101,7 @@ def test_verdict_on_a_cpu_build(built: dict[str, Path]) -> None:
     ]
 
 
+@pytest.mark.slow
 def test_verdict_on_a_rocm_build(built: dict[str, Path]) -> None:
     extension = built["kernels"]
     facts = _facts(built, "rocm")
@@ -106,6 +110,7 @@ def test_verdict_on_a_rocm_build(built: dict[str, Path]) -> None:
     assert verdicts == [f"fastkern/{extension.name} needs libcudart.so.11.0 but torch 2.3.1 is a ROCm build"]
 
 
+@pytest.mark.slow
 def test_matching_cuda_or_no_cuda_gives_no_verdict(built: dict[str, Path]) -> None:
     extension = built["kernels"]
     assert native_verdicts(str(extension), read_dynamic(str(extension)), _facts(built, "cu118")) == []
@@ -116,6 +121,7 @@ def test_matching_cuda_or_no_cuda_gives_no_verdict(built: dict[str, Path]) -> No
     assert native_verdicts(str(extension), read_dynamic(str(extension)), None) == []  # torch not installed
 
 
+@pytest.mark.slow
 def test_driver_too_old_for_the_runtime_an_extension_needs(built: dict[str, Path]) -> None:
     extension = built["kernels12"]
     info = read_dynamic(str(extension))
@@ -141,6 +147,7 @@ def test_driver_verdicts_for_torch() -> None:
     )
 
 
+@pytest.mark.slow
 def test_find_torch_reads_the_version_file(built: dict[str, Path], tmp_path: Path) -> None:
     facts = find_torch([str(tmp_path), str(built["cu121"]), str(built["cpu"])], NO_LIBRARY_PATH)
     assert facts.path == str(built["cu121"] / "torch")
@@ -154,6 +161,7 @@ def test_find_torch_reads_the_version_file(built: dict[str, Path], tmp_path: Pat
     assert find_torch([str(tmp_path)]).build == "version unknown: no torch/version.py"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_find_torch_never_imports_torch(built: dict[str, Path], tmp_path: Path) -> None:
     package = stand_in_torch(tmp_path, "2.3.1+cu121", "12.1")
@@ -167,6 +175,7 @@ def test_find_torch_never_imports_torch(built: dict[str, Path], tmp_path: Path) 
     assert done.stdout.split() == ["2.3.1+cu121", "12.1", "False", "False"], done.stderr
 
 
+@pytest.mark.slow
 def test_runtimes_from_wheels_and_library_path(built: dict[str, Path]) -> None:
     facts = find_torch(
         [str(built["out"] / "site12")], {"LD_LIBRARY_PATH": f"/nonexistent::{built['cuda11'].parent}"}
@@ -269,6 +278,7 @@ def _versioned(out: Path, node: str) -> Path:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_real_load_errors_are_explained(built: dict[str, Path], tmp_path: Path) -> None:
     user = compile_shared(

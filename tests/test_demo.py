@@ -11,6 +11,8 @@ import pytest
 
 from helpers import ROOT, clean_env
 
+pytestmark = pytest.mark.slow  # every test here starts processes
+
 DEMO = ROOT / "demo" / "stuck_job.py"
 MISSING = 3  # the demo's exit status when a prerequisite is missing
 

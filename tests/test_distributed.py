@@ -152,6 +152,7 @@ def test_the_probe_tells_a_listening_port_from_a_closed_one_and_a_bad_name() -> 
 # -- real torch ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("rank", ["0", "1"])
 @pytest.mark.torch
@@ -194,6 +195,7 @@ def test_a_rendezvous_missing_a_peer_gets_a_report_naming_the_step_and_the_varia
     assert context[2].startswith("MASTER_ADDR=127.0.0.1 resolves to 127.0.0.1;")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 @pytest.mark.torch
 @skip_without_torch
@@ -213,6 +215,7 @@ def test_a_missing_master_addr_is_named_as_missing(tmp_path: Path) -> None:
     assert end.error.startswith("ValueError:") and "MASTER_ADDR" in end.error
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 @pytest.mark.torch
 @skip_without_torch
@@ -234,6 +237,7 @@ def test_two_ranks_still_meet_after_a_stall_report_probed_the_store(tmp_path: Pa
     assert not [event for event in events if event.kind == "step_end" and event.error]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 @pytest.mark.torch
 @skip_without_torch
@@ -262,6 +266,7 @@ def test_a_stale_extension_build_lock_is_named_with_its_age(tmp_path: Path) -> N
     assert any(f"waits for the lock file {lock}, 3.0 h old" in line for line in context), context
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 @pytest.mark.torch
 @skip_without_torch
@@ -284,6 +289,7 @@ def test_the_first_cuda_initialisation_is_a_step(tmp_path: Path) -> None:
         assert steps[1].error is not None
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 @pytest.mark.torch
 @skip_without_torch

@@ -66,6 +66,7 @@ def sites(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 # -- the traced load ---------------------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_traced_load_says_the_pinned_torch_before_dlopen(sites: dict[str, Path]) -> None:
     done = run("-m", "importwatch", "-c", "import visionkern._C", path=sites["site"])
@@ -89,6 +90,7 @@ def test_traced_load_says_the_pinned_torch_before_dlopen(sites: dict[str, Path])
     assert cuda_line and said[0] < cuda_line[0] < end[0], done.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_owner_is_found_from_the_record_and_a_satisfied_pin_says_nothing(sites: dict[str, Path]) -> None:
     owner = dists.Owners().owner(str(sites["scatter"]))
@@ -99,6 +101,7 @@ def test_owner_is_found_from_the_record_and_a_satisfied_pin_says_nothing(sites: 
     assert "! " not in done.stderr, done.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_extension_that_links_neither_torch_nor_cuda_is_not_looked_up(sites: dict[str, Path]) -> None:
     # plainkern pins torch==1.0, but its extension links nothing of torch or CUDA: its pin is not read.
@@ -109,6 +112,7 @@ def test_extension_that_links_neither_torch_nor_cuda_is_not_looked_up(sites: dic
 
 
 # -- verdict wording and versions ---------------------------------------------------------------------
+@pytest.mark.slow
 def test_local_cuda_version_is_said_when_the_pin_fits(sites: dict[str, Path]) -> None:
     from importwatch.facts.cuda import TorchFacts, find_torch
 
@@ -165,6 +169,7 @@ def test_requirement_lines() -> None:
 
 
 # -- doctor ---------------------------------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_doctor_names_each_pin_and_two_distributions_that_disagree(sites: dict[str, Path]) -> None:
     done = run(
@@ -227,6 +232,7 @@ def _venv_torch() -> Path:
     return torch
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_real_torchvision_wheel_is_named_by_its_pin(torchvision_site: Path) -> None:
     torch = _venv_torch()
@@ -253,6 +259,7 @@ def test_real_torchvision_wheel_is_named_by_its_pin(torchvision_site: Path) -> N
     assert doctor.returncode == 1
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 def test_torch_s_own_extensions_are_never_looked_up_in_the_metadata() -> None:
     """torch pins no torch: reading its 14,000-line RECORD would only slow `import torch` down."""

@@ -16,6 +16,8 @@ from helpers import clean_env
 from importwatch.facts import scan
 from importwatch.tools.doctor import cudacheck, importcheck, rules
 
+pytestmark = pytest.mark.slow  # every test here starts processes
+
 CUDA = FIXTURES / "cuda"
 HANG = FIXTURES / "hang"
 DOCTOR = FIXTURES / "doctor"

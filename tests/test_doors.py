@@ -15,7 +15,7 @@ import pytest
 
 from helpers import clean_env, importwatch, traced
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.timeout(90), pytest.mark.slow]
 
 
 def _files(root: Path, files: dict[str, str]) -> Path:

@@ -41,6 +41,7 @@ def libs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {"dep": dep, "cudart": cudart, "runpath": runpath, "rpath": rpath, "out": out}
 
 
+@pytest.mark.slow
 def test_needed_runpath_and_soname_of_a_compiled_library(libs: dict[str, Path]) -> None:
     info = read_dynamic(str(libs["runpath"]))
     assert info is not None
@@ -52,6 +53,7 @@ def test_needed_runpath_and_soname_of_a_compiled_library(libs: dict[str, Path]) 
     assert read_dynamic(str(libs["cudart"])).soname == "libcudart.so.11.0"
 
 
+@pytest.mark.slow
 def test_old_style_rpath_is_told_from_runpath(libs: dict[str, Path]) -> None:
     info = read_dynamic(str(libs["rpath"]))
     assert info == DynamicInfo(
@@ -59,6 +61,7 @@ def test_old_style_rpath_is_told_from_runpath(libs: dict[str, Path]) -> None:
     )
 
 
+@pytest.mark.slow
 def test_dynamic_info_is_immutable_and_hashable(libs: dict[str, Path]) -> None:
     info = read_dynamic(str(libs["runpath"]))
     with pytest.raises(AttributeError):
@@ -98,6 +101,7 @@ def test_cuda_needs_picks_the_cuda_libraries() -> None:
     assert library_stem("libcudnn_ops_infer.so.8") == "libcudnn_ops_infer"
 
 
+@pytest.mark.slow
 def test_cuda_needs_of_a_compiled_library(libs: dict[str, Path]) -> None:
     assert cuda_needs(read_dynamic(str(libs["runpath"])).needed) == ["libcudart.so.11.0"]
 
@@ -143,6 +147,7 @@ def _synthetic_elf(wide: bool, order: str, needed: list[str], soname: str, runpa
     return data + bytes(dynamic_offset - len(data)) + dynamic
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("wide", [True, False], ids=["64bit", "32bit"])
 @pytest.mark.parametrize("order", ["<", ">"], ids=["little", "big"])
 def test_both_word_sizes_and_byte_orders(tmp_path: Path, wide: bool, order: str) -> None:
@@ -159,6 +164,7 @@ def test_both_word_sizes_and_byte_orders(tmp_path: Path, wide: bool, order: str)
     )
 
 
+@pytest.mark.slow
 def test_a_32bit_library_built_by_the_toolchain(libs: dict[str, Path], tmp_path: Path) -> None:
     objects = []
     for name in ("dep", "top"):
@@ -191,6 +197,7 @@ def test_a_32bit_library_built_by_the_toolchain(libs: dict[str, Path], tmp_path:
     assert read_dynamic(str(tmp_path / "libdep32.so.1")).soname == "libdep32.so.1"
 
 
+@pytest.mark.slow
 def test_a_static_executable_needs_nothing(tmp_path: Path) -> None:
     source = tmp_path / "main.c"
     source.write_text("int main(void) { return 0; }\n")
@@ -202,6 +209,7 @@ def test_a_static_executable_needs_nothing(tmp_path: Path) -> None:
     assert read_dynamic(str(tmp_path / "main")) == DynamicInfo()
 
 
+@pytest.mark.slow
 def test_files_that_are_not_readable_elf_give_none(libs: dict[str, Path], tmp_path: Path) -> None:
     text = tmp_path / "notelf.so"
     text.write_text("INPUT(-lfoo)\n")  # a linker script named .so, as libc.so is
@@ -213,6 +221,7 @@ def test_files_that_are_not_readable_elf_give_none(libs: dict[str, Path], tmp_pa
         assert read_dynamic(str(path)) is None
 
 
+@pytest.mark.slow
 def test_unreadable_file_gives_none(libs: dict[str, Path], tmp_path: Path) -> None:
     locked = tmp_path / "locked.so"
     shutil.copy(libs["runpath"], locked)
@@ -236,6 +245,7 @@ def _dynamic_segment(data: bytes) -> tuple[int, int]:
     raise AssertionError("no PT_DYNAMIC")
 
 
+@pytest.mark.slow
 def test_garbage_in_the_dynamic_section_gives_none(libs: dict[str, Path], tmp_path: Path) -> None:
     data = bytearray(libs["runpath"].read_bytes())
     offset, size = _dynamic_segment(bytes(data))
@@ -247,6 +257,7 @@ def test_garbage_in_the_dynamic_section_gives_none(libs: dict[str, Path], tmp_pa
         assert read_dynamic(str(path)) is None
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_no_cut_or_damage_makes_it_raise(libs: dict[str, Path], tmp_path: Path) -> None:
     data = libs["runpath"].read_bytes()
@@ -264,6 +275,7 @@ def test_no_cut_or_damage_makes_it_raise(libs: dict[str, Path], tmp_path: Path) 
             assert read_dynamic(str(path)) is None or isinstance(read_dynamic(str(path)), DynamicInfo)
 
 
+@pytest.mark.slow
 def test_reading_does_not_import_anything(libs: dict[str, Path]) -> None:
     code = (
         "import sys; before = set(sys.modules); from importwatch.facts.elf import read_dynamic\n"

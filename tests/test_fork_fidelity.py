@@ -11,6 +11,8 @@ import pytest
 
 from helpers import clean_env
 
+pytestmark = pytest.mark.slow  # every test here starts processes
+
 MODES = ("plain", "runner", "variable")
 
 

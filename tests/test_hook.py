@@ -12,7 +12,7 @@ import pytest
 
 from helpers import clean_env, importwatch
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.slow]
 
 
 def _layout(root: Path, files: dict[str, str]) -> Path:

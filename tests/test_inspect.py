@@ -20,6 +20,8 @@ import pytest
 from cbuild import FIXTURES, compile_extension, compile_shared, dist_info, stand_in_torch
 from helpers import clean_env
 
+pytestmark = pytest.mark.slow  # every test here starts processes
+
 HANG = FIXTURES / "hang"
 OUTSIDE = FIXTURES / "outside"
 CUDA = FIXTURES / "cuda"

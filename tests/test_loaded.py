@@ -13,7 +13,7 @@ from cbuild import FIXTURES, compile_shared
 from helpers import clean_env, importwatch
 
 CUDA = FIXTURES / "cuda"
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

@@ -52,6 +52,7 @@ print(json.dumps(report))
 """
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_a_ctypes_load_shows_the_library_and_its_dependency(libs: dict[str, Path]) -> None:
     done = subprocess.run(
@@ -69,6 +70,7 @@ def test_a_ctypes_load_shows_the_library_and_its_dependency(libs: dict[str, Path
     print(f"rescan after one load: {report['ms']:.3f} ms")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_another_process_seen_from_outside(libs: dict[str, Path]) -> None:
     code = "import ctypes, sys; ctypes.CDLL(sys.argv[1]); print('loaded', flush=True); sys.stdin.read()"

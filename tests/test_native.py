@@ -12,7 +12,7 @@ import pytest
 from cbuild import FIXTURES, compile_extension, compile_shared, stand_in_torch
 from helpers import clean_env, importwatch, traced
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.slow]
 CUDA = FIXTURES / "cuda"
 
 

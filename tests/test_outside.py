@@ -91,6 +91,7 @@ def outside_lines(text: str) -> list[str]:
     return [line for line in text.splitlines() if "] outside: " in line]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(40)
 def test_hung_init_is_waiting_names_the_so_and_sigkill_names_the_import(exts, start):
     proc = start(traced("--timeout", "1", "-c", "import initext"), cwd=exts)
@@ -114,6 +115,7 @@ def test_hung_init_is_waiting_names_the_so_and_sigkill_names_the_import(exts, st
     assert_watcher_leaves(pid, watcher)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(40)
 def test_busy_init_is_busy_not_a_hang(exts, start):
     proc = start(traced("--timeout", "1", "-c", "import initext; print('ok')"), cwd=exts, OUTSIDE_BUSY="2.5")
@@ -127,6 +129,7 @@ def test_busy_init_is_busy_not_a_hang(exts, start):
     assert any("CUDA JIT" in line for line in lines)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(40)
 def test_lock_file_held_by_another_process_is_named(tmp_path, start):
     lock = tmp_path / "build.lock"
@@ -144,6 +147,7 @@ def test_lock_file_held_by_another_process_is_named(tmp_path, start):
     assert f"waiting for a lock on {lock}" in main and f"held by pid {os.getpid()}" in main
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(40)
 def test_socket_peer_that_never_answers_is_named(tmp_path, start):
     server = socket.socket()
@@ -162,6 +166,7 @@ def test_socket_peer_that_never_answers_is_named(tmp_path, start):
     assert f"-> 127.0.0.1:{port}" in main and "TCP socket" in main, main
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(40)
 def test_stopped_process_is_stopped(tmp_path, start):
     (tmp_path / "slowmod.py").write_text("import time\ntime.sleep(60)\n")
@@ -173,6 +178,7 @@ def test_stopped_process_is_stopped(tmp_path, start):
     os.kill(proc.process.pid, signal.SIGCONT)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(40)
 @pytest.mark.parametrize(
     "code, status",
@@ -196,6 +202,7 @@ def test_watcher_leaves_with_the_program(code, status, tmp_path):
     assert b"died" not in err  # nothing was in flight
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(40)
 def test_exit_during_import_without_clean_exit(tmp_path):
     (tmp_path / "quitter.py").write_text("import os, time\ntime.sleep(0.3)\nos._exit(7)\n")
@@ -205,6 +212,7 @@ def test_exit_during_import_without_clean_exit(tmp_path):
     assert len(died) == 1 and "exited with status 7" in died[0] and "quitter" in died[0], done.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(20)
 def test_no_watcher_option_and_env(tmp_path):
     done = importwatch("--no-watcher", "-c", "import os; print(os.getpid())")
@@ -215,6 +223,7 @@ def test_no_watcher_option_and_env(tmp_path):
     assert done.returncode == 0 and "IMPORTWATCH_WATCHER" in done.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(40)
 @pytest.mark.skipif(shutil.which("gdb") is None, reason="gdb is not installed")
 def test_native_stack_shows_dlopen_of_a_hung_constructor(exts, start):

@@ -22,7 +22,10 @@ import pytest
 from cbuild import FIXTURES, compile_shared
 from helpers import clean_env, traced
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+pytestmark = [
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc"),
+    pytest.mark.slow,
+]
 needs_gdb = pytest.mark.skipif(shutil.which("gdb") is None, reason="gdb is not installed")
 WATCHER = pytest.mark.parametrize("watcher", ["--watcher", "--no-watcher"])
 

@@ -14,6 +14,8 @@ import pytest
 from helpers import clean_env
 from test_fork_fidelity import MODES, run, side_by_side, write
 
+pytestmark = pytest.mark.slow  # every test here starts processes
+
 
 # -- faulthandler -------------------------------------------------------------------------
 @pytest.mark.timeout(180)

@@ -31,6 +31,7 @@ def of_kinds(events: list, *kinds: str) -> list[tuple[str, str, int]]:
     return [(event.kind, event.name, event.depth) for event in events if event.kind in kinds]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(30)
 def test_checkpoints_and_phases_are_logged_nested_with_their_durations(tmp_path: Path) -> None:
     (tmp_path / "config_module.py").write_text("VALUE = 1\n")
@@ -81,6 +82,7 @@ def test_checkpoints_and_phases_are_logged_nested_with_their_durations(tmp_path:
     assert "checkpoint arguments parsed" in result.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(30)
 def test_a_phase_past_its_own_timeout_gets_a_stall_report_naming_it(tmp_path: Path) -> None:
     log = tmp_path / "job.log"
@@ -116,6 +118,7 @@ def test_a_phase_past_its_own_timeout_gets_a_stall_report_naming_it(tmp_path: Pa
     assert kinds.index("stall") < kinds.index("resumed") < kinds.index("phase_end")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(30)
 def test_a_phase_without_timeout_counts_from_its_last_sign_of_life(tmp_path: Path) -> None:
     log = tmp_path / "job.log"
@@ -150,6 +153,7 @@ def test_a_phase_without_timeout_counts_from_its_last_sign_of_life(tmp_path: Pat
     assert [event.kind for event in events].index("stall") > [event.name for event in events].index("epoch 4")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(30)
 def test_with_tracing_off_the_api_writes_nothing_and_imports_nothing_else(tmp_path: Path) -> None:
     script = tmp_path / "job.py"
@@ -187,6 +191,7 @@ def test_with_tracing_off_the_api_writes_nothing_and_imports_nothing_else(tmp_pa
     )
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(30)
 def test_a_function_decorated_before_install_is_traced_once_installed(tmp_path: Path) -> None:
     script = tmp_path / "job.py"
@@ -233,6 +238,7 @@ def test_a_bad_phase_timeout_is_refused_even_when_off() -> None:
         importwatch.phase("x", timeout=float("nan"))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(30)
 def test_rank_is_in_the_prefix_the_json_records_and_the_log_name(tmp_path: Path) -> None:
     source = """

@@ -14,6 +14,8 @@ import pytest
 from helpers import clean_env, importwatch
 from importwatch.events.read import parse_line
 
+pytestmark = pytest.mark.slow  # every test here starts processes
+
 
 def write_script(tmp_path: Path, source: str) -> Path:
     script = tmp_path / "job.py"

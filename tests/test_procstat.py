@@ -21,6 +21,7 @@ COMM = "a) b (c"
 _SET_COMM = f"open('/proc/self/comm', 'w').write({COMM!r})"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(30)
 def test_fields_are_read_after_the_last_parenthesis_of_a_real_process():
     code = f"import sys; {_SET_COMM}; print('ready', flush=True); sys.stdin.read()"
@@ -57,6 +58,7 @@ def test_own_threads_are_counted():
     assert fields is not None and int(fields[procstat.THREADS]) == threading.active_count()
 
 
+@pytest.mark.slow
 def test_a_process_that_is_gone_reads_as_none(tmp_path):
     done = subprocess.run(
         [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
@@ -66,6 +68,7 @@ def test_a_process_that_is_gone_reads_as_none(tmp_path):
     assert procstat.fields(str(tmp_path / "missing")) is None
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(40)
 def test_the_watcher_reads_the_death_of_a_process_with_such_a_name(tmp_path):
     # Its start time, read at launch, must match the one read at its death, through the new name:

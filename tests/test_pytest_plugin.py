@@ -10,7 +10,7 @@ import pytest
 
 from helpers import clean_env
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
 
 
 def _pytest(suite: Path, *args: str, **env: str) -> subprocess.CompletedProcess:

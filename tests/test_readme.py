@@ -74,6 +74,7 @@ def test_the_readme_has_both_samples() -> None:
     assert found == [False, True], "README.md must show the demo's output and its doctor view"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("doctor", [False, True], ids=["runner", "doctor"])
 def test_readme_sample_has_the_shape_of_the_demo_output(doctor: bool) -> None:

@@ -15,6 +15,8 @@ import pytest
 from cbuild import FIXTURES, compile_extension
 from helpers import clean_env
 
+pytestmark = pytest.mark.slow  # every test here starts processes
+
 LOGS = FIXTURES / "logs"
 REPORT = [sys.executable, "-m", "importwatch", "report"]
 STDLIB_CODE = "import json, email.parser"

@@ -23,6 +23,8 @@ from importwatch.tools.report import command as report_module
 from importwatch.tools.report.timeline import Skipped, Timeline, read_events
 from test_report_logs import _bench
 
+pytestmark = pytest.mark.slow  # every test here starts processes
+
 
 def _general_summary(path: Path, pid: int | None = None) -> str:
     """The summary of PATH with every line read as an event: the path the summary took before fastread.py."""

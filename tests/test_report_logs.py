@@ -18,6 +18,8 @@ from importwatch.events import VERDICT, WARNING
 from importwatch.events.read import read_line
 from test_report import hung_program, report, run_until_stalled
 
+pytestmark = pytest.mark.slow  # every test here starts processes
+
 FORMATS = ("summary", "tree", "importtime", "chrome", "html")
 # Bytes no report may print raw: a terminal would act on them (ESC, BEL, CSI, backspace, ...).
 CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")

@@ -11,7 +11,7 @@ import pytest
 
 from helpers import clean_env
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.slow]
 
 PROBE = """\
 import os, sys

@@ -89,6 +89,7 @@ def other_user() -> Iterator[int]:
 
 
 # -- 1. symlinks at the log path -----------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("log_option", "planted"),
     [
@@ -115,6 +116,7 @@ def test_symlink_at_the_log_path_is_never_followed(
     assert "> json" in done.stderr  # stderr still has every line
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("log_option", ["shared/logs", "shared/logs/job.log", "shared/logs/run-{pid}.jsonl"])
 def test_a_folder_symlink_another_user_put_in_a_shared_folder_is_not_followed(
     tmp_path: Path, other_user: int, log_option: str
@@ -143,6 +145,7 @@ def test_a_folder_symlink_another_user_put_in_a_shared_folder_is_not_followed(
     assert len(list(elsewhere.iterdir())) == 1
 
 
+@pytest.mark.slow
 def test_the_watcher_writes_to_the_programs_descriptor_never_reopening_the_path(
     tmp_path: Path, victim: Path
 ) -> None:
@@ -162,6 +165,7 @@ def test_the_watcher_writes_to_the_programs_descriptor_never_reopening_the_path(
 
 
 # -- 2. FIFOs, devices, other users' files, the mode ------------------------------------------
+@pytest.mark.slow
 def test_a_fifo_without_reader_at_the_log_path_never_blocks(tmp_path: Path) -> None:
     os.mkfifo(tmp_path / "job.log")
     done = importwatch("--log", "job.log", "-c", "print('ran')", cwd=tmp_path, timeout=30)
@@ -171,6 +175,7 @@ def test_a_fifo_without_reader_at_the_log_path_never_blocks(tmp_path: Path) -> N
     assert warning.endswith("cannot open log file job.log: it is a FIFO or a socket; logging to stderr only")
 
 
+@pytest.mark.slow
 def test_a_fifo_with_a_reader_at_the_log_path_is_refused(tmp_path: Path) -> None:
     """A reader that stops reading would block the program once the pipe fills: not a log."""
     os.mkfifo(tmp_path / "job.log")
@@ -185,6 +190,7 @@ def test_a_fifo_with_a_reader_at_the_log_path_is_refused(tmp_path: Path) -> None
     assert warning.endswith("cannot use log file job.log: it is a FIFO; logging to stderr only")
 
 
+@pytest.mark.slow
 def test_a_device_at_the_log_path_is_refused(tmp_path: Path) -> None:
     done = importwatch("--log", os.devnull, "-c", "print('ran')", cwd=tmp_path)
     assert done.stdout == "ran\n"
@@ -192,6 +198,7 @@ def test_a_device_at_the_log_path_is_refused(tmp_path: Path) -> None:
     assert warning.endswith("it is a device; logging to stderr only")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["job.log", "job.jsonl"])
 def test_a_log_file_owned_by_another_user_is_refused(tmp_path: Path, other_user: int, name: str) -> None:
     shared = tmp_path / "shared"
@@ -208,6 +215,7 @@ def test_a_log_file_owned_by_another_user_is_refused(tmp_path: Path, other_user:
     assert warning.endswith(f"it belongs to another user (uid {other_user}); logging to stderr only")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["job.log", "job.jsonl", "logs"])
 def test_a_new_log_is_created_0600_even_under_a_permissive_umask(tmp_path: Path, name: str) -> None:
     if name == "logs":
@@ -222,6 +230,7 @@ def test_a_new_log_is_created_0600_even_under_a_permissive_umask(tmp_path: Path,
     assert "> colorsys" in log.read_text()
 
 
+@pytest.mark.slow
 def test_our_own_existing_log_is_appended_to(tmp_path: Path) -> None:
     log = tmp_path / "job.log"
     log.write_text("earlier\n")
@@ -247,6 +256,7 @@ def assert_no_secret(text: str) -> None:
         assert secret not in text, f"{secret!r} leaked:\n{text}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["job.log", "job.jsonl"])
 def test_secrets_are_masked_in_the_start_and_env_lines_and_in_reports(tmp_path: Path, name: str) -> None:
     (tmp_path / "job.py").write_text("import sys\nprint(sys.argv[1:])\n")
@@ -274,6 +284,7 @@ def test_secrets_are_masked_in_the_start_and_env_lines_and_in_reports(tmp_path: 
         assert_no_secret(shown.stdout + shown.stderr)
 
 
+@pytest.mark.slow
 def test_secrets_are_masked_with_importwatch_on_in_the_environment(tmp_path: Path) -> None:
     (tmp_path / "job.py").write_text("import sys\nprint(sys.argv[1:])\n")
     env = clean_env(IMPORTWATCH="1", IMPORTWATCH_LOG="job.log", **SECRET_ENV)
@@ -287,6 +298,7 @@ def test_secrets_are_masked_with_importwatch_on_in_the_environment(tmp_path: Pat
     assert_no_secret((tmp_path / "job.log").read_text())
 
 
+@pytest.mark.slow
 def test_the_watcher_masks_secrets_in_other_processes_command_lines(tmp_path: Path) -> None:
     """A stall report names the process at the other end of a pipe, by its command line."""
     # The report shortens a long command line; a short argv[0] keeps the masked part in view
@@ -305,6 +317,7 @@ def test_the_watcher_masks_secrets_in_other_processes_command_lines(tmp_path: Pa
     assert_no_secret(done.stderr)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_inspect_masks_secrets_in_the_command_line_it_reports(tmp_path: Path) -> None:
     sleeper = subprocess.Popen(
@@ -324,6 +337,7 @@ def test_inspect_masks_secrets_in_the_command_line_it_reports(tmp_path: Path) ->
     assert json.loads(as_json.stdout)["cmdline"][-len(MASKED_ARGV) :] == MASKED_ARGV
 
 
+@pytest.mark.slow
 def test_doctor_masks_secrets_in_its_environment_dump(tmp_path: Path) -> None:
     env = clean_env(**SECRET_ENV)
     for extra in ([], ["--json"]):
@@ -333,6 +347,7 @@ def test_doctor_masks_secrets_in_its_environment_dump(tmp_path: Path) -> None:
         assert_no_secret(done.stdout + done.stderr)
 
 
+@pytest.mark.slow
 def test_bisect_masks_secrets_in_the_command_it_prints(tmp_path: Path) -> None:
     (tmp_path / "job.py").write_text("import json\n")
     done = importwatch("bisect", "--timeout", "5", "job.py", *SECRET_ARGS, cwd=tmp_path)
@@ -370,6 +385,7 @@ def planted_helpers(tmp_path: Path) -> Path:
     return marker
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("search", [":/usr/bin:/bin", ".:/usr/bin:/bin", "bin:/usr/bin:/bin"])
 def test_helpers_are_never_run_from_the_working_directory(
     tmp_path: Path, planted_helpers: Path, search: str
@@ -384,6 +400,7 @@ def test_helpers_are_never_run_from_the_working_directory(
     assert not planted_helpers.exists()
 
 
+@pytest.mark.slow
 def test_inspect_never_runs_helpers_from_the_working_directory(tmp_path: Path, planted_helpers: Path) -> None:
     sleeper = subprocess.Popen(
         [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(120)"],
@@ -399,6 +416,7 @@ def test_inspect_never_runs_helpers_from_the_working_directory(tmp_path: Path, p
     assert not planted_helpers.exists()
 
 
+@pytest.mark.slow
 def test_the_watcher_runs_from_the_root_folder(tmp_path: Path, start) -> None:
     (tmp_path / "waits.py").write_text("import time\ntime.sleep(30)\n")
     token = uuid.uuid4().hex
@@ -416,6 +434,7 @@ def test_the_watcher_runs_from_the_root_folder(tmp_path: Path, start) -> None:
 
 
 # -- 6. doctor's children ------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_doctor_never_runs_modules_from_the_working_directory(tmp_path: Path) -> None:
     marker = tmp_path / "shadow-ran"
     for name in ("json", "onlyhere"):
@@ -432,6 +451,7 @@ def test_doctor_never_runs_modules_from_the_working_directory(tmp_path: Path) ->
     assert "No module named 'onlyhere'" in checks["onlyhere"]["error"]
 
 
+@pytest.mark.slow
 def test_doctor_still_imports_from_a_relative_pythonpath(tmp_path: Path) -> None:
     """The children run elsewhere; a PYTHONPATH entry relative to here keeps meaning here."""
     (tmp_path / "lib").mkdir()
@@ -450,6 +470,7 @@ def _default_signals() -> None:
         signal.signal(signum, signal.SIG_DFL)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
 @pytest.mark.parametrize("command", ["bisect", "doctor"])
 def test_a_signal_kills_the_try_in_flight_and_removes_the_temporary_folder(

@@ -11,6 +11,8 @@ import pytest
 
 from helpers import clean_env
 
+pytestmark = pytest.mark.slow  # every test here starts processes
+
 # What the probe writes: the settings of the traced process it is imported in. The log and
 # --exit-on-stall are left out: bisect and doctor set both for their children, on purpose.
 PROBE = """\

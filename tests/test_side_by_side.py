@@ -11,7 +11,7 @@ import pytest
 
 from helpers import clean_env
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
 
 RUNNER = [sys.executable, "-m", "importwatch"]
 

@@ -11,7 +11,7 @@ import pytest
 
 from helpers import clean_env, importwatch, traced
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.slow]
 
 
 def _log_of(tmp_path: Path) -> Path:
