@@ -317,3 +317,59 @@ def test_a_thread_name_in_another_script_reads_back_escaped_from_both_lines(tmp_
         read.append(read_line(line).data())
     escaped = "W\\xf6rker \\u7ebf\\u7a0b"
     assert read[0] == read[1] == {**fields, "message": message.replace(name, escaped), "thread_name": escaped}
+
+
+# Imports that end well and badly, a name that needs escaping, an extension module and a ctypes load.
+_TRACED_PROGRAM = """\
+import ctypes, ctypes.util, sys
+sys.path.insert(0, sys.argv[1])
+import _bz2, json.decoder, m\u00f6d
+try:
+    import no_such_module
+except ImportError:
+    pass
+ctypes.CDLL(ctypes.util.find_library("m"))
+"""
+_LINE_KINDS = (events.IMPORT, events.IMPORT_END, events.NATIVE, events.NATIVE_END)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_the_inline_lines_of_a_traced_program_are_what_render_makes_of_their_fields(tmp_path: Path) -> None:
+    """The hook writes its import lines without calling render (a call per line costs): the same run's
+    text lines (stderr) and JSON records (the log) must still be render's, field for field."""
+    import json
+    import subprocess
+    import sys
+
+    from helpers import clean_env
+
+    (tmp_path / "m\u00f6d.py").write_text("")
+    log = tmp_path / "run.jsonl"
+    command = [sys.executable, "-m", "importwatch", "--log", str(log), "-c", _TRACED_PROGRAM, str(tmp_path)]
+    done = subprocess.run(command, env=clean_env(), capture_output=True, text=True, timeout=50)
+    assert done.returncode == 0, done.stderr
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    records = [record for record in records if record["kind"] in _LINE_KINDS]
+    texts = [read_line(line) for line in done.stderr.splitlines()]
+    texts = [event for event in texts if event is not None and event.kind in _LINE_KINDS]
+    assert [record["kind"] for record in records] == [event.kind for event in texts]
+    kinds = {record["kind"] for record in records}
+    assert kinds == set(_LINE_KINDS), kinds
+    assert any(not record.get("name", "").isascii() for record in records)  # a name the line escapes
+    assert any(record.get("error") for record in records if record["kind"] == events.IMPORT_END)
+    in_flight: list[str] = []  # the nesting, from the starts and ends alone (one thread)
+    for record, text in zip(records, texts):
+        kind = record["kind"]
+        fields = {
+            key: value
+            for key, value in record.items()
+            if key not in ("time", "pid", "thread", "kind", "text")
+        }
+        if kind in (events.IMPORT_END, events.NATIVE_END):
+            in_flight.pop()
+        expected = events.escape(events.render(kind, fields, len(in_flight)))
+        if kind in (events.IMPORT, events.NATIVE):
+            in_flight.append(kind)
+        assert record["text"] == expected
+        assert text.text == expected
