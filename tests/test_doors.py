@@ -288,8 +288,11 @@ def test_pytest_importlib_mode_collection_stall_is_reported(tmp_path: Path) -> N
 
 # -- reports: order and stacks ---------------------------------------------------------------------
 def test_stall_report_is_whole_before_its_resumed_line(tmp_path: Path) -> None:
-    """The import ends while the report looks at the thread's CPU (0.2 s): RESUMED waits for the report."""
-    root = _files(tmp_path / "pkgs", {"brief.py": "import time\ntime.sleep(1.08)\n"})
+    """The import ends while the report looks at the thread's CPU (0.2 s): RESUMED waits for the report.
+
+    It ends 0.15 s into the look when the heartbeat is on time, so a heartbeat up to that late
+    (a loaded machine) still finds it in flight."""
+    root = _files(tmp_path / "pkgs", {"brief.py": "import time\ntime.sleep(1.15)\n"})
     result = importwatch(
         "--timeout", "1", "--no-watcher", "-c", "import brief", env=clean_env(PYTHONPATH=str(root))
     )

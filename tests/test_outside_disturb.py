@@ -255,9 +255,16 @@ def test_our_threads_are_named_as_ours_never_as_suspects(tmp_path, start):
     proc = start(traced("--timeout", "1", "-c", "import slowimp"), cwd=tmp_path)
     proc.wait_for("outside: native stacks (gdb", 30)
     proc.wait_for("(ours)", 30)
-    time.sleep(0.5)  # the rest of the stacks
-    lines = outside_lines(proc.stderr)
-    title = next(i for i, line in enumerate(lines) if "outside: native stacks (gdb" in line)
+    # The rest of the stacks: until the faulthandler timer's own comes, however slow the machine.
+    deadline = time.monotonic() + 30
+    while True:
+        lines = outside_lines(proc.stderr)
+        title = next(i for i, line in enumerate(lines) if "outside: native stacks (gdb" in line)
+        stacks_so_far = "\n".join(lines[title + 1 :])
+        if "  Thread" in stacks_so_far and "faulthandler's timer thread" in stacks_so_far:
+            break
+        assert time.monotonic() < deadline, proc.stderr
+        time.sleep(0.05)
     listing = [line for line in lines[:title] if "(tid " in line]
     assert "MainThread (tid" in listing[0] and ": waiting; in " in listing[0], listing
     assert any("faulthandler-timer (tid" in line and "faulthandler's timer" in line for line in listing)

@@ -94,7 +94,7 @@ def test_a_phase_past_its_own_timeout_gets_a_stall_report_naming_it(tmp_path: Pa
 
         time.sleep(1.0)  # nothing in flight: the watchdog sleeps for long, and the phase must wake it
         with importwatch.phase("load weights", timeout=0.5):
-            time.sleep(1.2)
+            time.sleep(2.5)
         print("loaded")
         """,
         "--timeout",
@@ -108,7 +108,8 @@ def test_a_phase_past_its_own_timeout_gets_a_stall_report_naming_it(tmp_path: Pa
     assert stalls, result.stderr  # then again after twice the timeout, while it lasts
     assert "in flight: MainThread: phase load weights (" in stalls[0].text
     seconds = float(stalls[0].text.split()[1])
-    assert 0.5 <= seconds < 1.0  # on time: the phase's threshold, not the watchdog's 30 s
+    # On time: the phase's threshold, not the watchdog's 30 s (a loaded machine may be a second late).
+    assert 0.5 <= seconds < 2.0
     context = [event.text for event in events if event.kind == "stall_context"]
     assert any(
         "phase load weights has run" in line and "past its timeout of 0.5 s" in line for line in context
