@@ -15,6 +15,8 @@ import pytest
 from cbuild import FIXTURES
 from test_report import hung_program, report_ok, run_until_stalled, trace
 
+pytestmark = pytest.mark.slow  # every test here starts processes
+
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ROW = 9  # integers per step in the page's data (page.py)
 UNFINISHED, FAILED, STALLED = 1, 2, 4
