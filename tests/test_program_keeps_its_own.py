@@ -13,7 +13,7 @@ import pytest
 from helpers import clean_env
 from test_side_by_side import RUNNER, _ours_removed, three_ways
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]  # every test here starts processes
 
 
 # -- fd 2 reused by the program ------------------------------------------------------------------

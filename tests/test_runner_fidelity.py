@@ -13,7 +13,7 @@ import pytest
 from helpers import clean_env
 from test_side_by_side import _ours_removed, three_ways
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]  # every test here starts processes
 
 
 # -- a script read from a pipe ------------------------------------------------------------------

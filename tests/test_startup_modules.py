@@ -17,7 +17,7 @@ import pytest
 
 from helpers import clean_env
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]  # every test here starts processes
 
 OURS = ("importwatch", "_importwatch_boot")
 # What the program prints: sys.modules at its first line, then after its imports.

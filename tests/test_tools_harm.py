@@ -16,7 +16,7 @@ import pytest
 
 from helpers import clean_env, importwatch
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]  # every test here starts processes
 
 SECRETS = ("hunter2", "hunter3", "hunter4", "bearerx", "credy", "hubauth", "ibpass")
 SECRET_ARGS = (
