@@ -20,6 +20,7 @@ import os
 import sys
 
 from importwatch.events import SIGNAL, STEP, STEP_END, VERDICT  # loaded at start-up, by the Sink
+from importwatch.tracing import threads
 from importwatch.tracing.banner import mask_environment
 from importwatch.tracing.sink import CLOCKS
 
@@ -378,7 +379,7 @@ class _Lookup:
         self._done.acquire()
         # Bytes: a str host would be encoded with the idna codec, an import in this thread.
         name = host.encode("ascii", "replace")
-        _thread.start_new_thread(self._resolve, (socket, name, port))
+        threads.start(self._resolve, (socket, name, port))  # every signal blocked: the program's
 
     def _resolve(self, socket: Any, host: bytes, port: int) -> None:
         try:

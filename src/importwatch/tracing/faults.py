@@ -25,6 +25,7 @@ import _thread
 import faulthandler
 import sys
 
+from importwatch.tracing import threads
 from importwatch.tracing.sink import CLOCKS
 
 _NAMES = ("enable", "disable", "is_enabled", "dump_traceback_later", "cancel_dump_traceback_later")
@@ -161,14 +162,21 @@ class SharedFaulthandler:
         if want is None:
             self.real["cancel_dump_traceback_later"]()
         elif want.ours:
-            self.real["dump_traceback_later"](
-                max(want.deadline - now, _SOON), repeat=False, file=want.file, exit=want.exit
+            # Each arming starts faulthandler's timer thread: with every signal blocked (see threads.py).
+            threads.masked(
+                self.real["dump_traceback_later"],
+                max(want.deadline - now, _SOON),
+                repeat=False,
+                file=want.file,
+                exit=want.exit,
             )
         else:
             # Armed again after our earlier deadline: the first dump when it is due, the repeats
             # at its period from then (faulthandler has one timeout for both).
             timeout = want.period if want.repeat else max(want.deadline - now, _SOON)
-            self.real["dump_traceback_later"](timeout, repeat=want.repeat, file=want.file, exit=want.exit)
+            threads.masked(
+                self.real["dump_traceback_later"], timeout, repeat=want.repeat, file=want.file, exit=want.exit
+            )
             if want.repeat:
                 want.deadline = now + timeout
         self._armed = want

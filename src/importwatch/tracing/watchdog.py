@@ -22,7 +22,7 @@ import time
 
 from importwatch.events import BUSY, EXIT, RESUMED, STALL, STALL_CONTEXT, STALL_THREAD, STALL_THREADS
 from importwatch.facts import procstat
-from importwatch.tracing import stalls
+from importwatch.tracing import stalls, threads
 from importwatch.tracing.faults import SharedFaulthandler
 from importwatch.tracing.hook import NEVER
 from importwatch.tracing.sink import CLOCKS
@@ -148,7 +148,7 @@ class Watchdog:
         self._gone = _thread.allocate_lock()  # held by the heartbeat until it has ended
         self._gone.acquire()
         tasks = _tasks() if self.sink.feed is not None else None
-        _thread.start_new_thread(self._heartbeat, (self._generation, self._gone))
+        threads.start(self._heartbeat, (self._generation, self._gone))  # every signal blocked: the program's
         if tasks is not None:
             # Told now, for the watcher: the heartbeat names itself only once it runs, and a program
             # that holds the GIL from its first import on (a hung dlopen) never lets it.
@@ -624,6 +624,10 @@ class Watchdog:
             if armed is None or now < armed:
                 return False
             self._armed_for = None
+            # Spent: the C timer holds no deadline of ours now, and the program's, if it has one, must be
+            # armed again at once. Nothing else would: with nothing left in flight, _disarm sees no
+            # deadline of ours to cancel (the program's deadline was lost so, for good).
+            self.faults.cancel_ours()
         self._tell_due()
         return True
 
