@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import os
+import re
+import signal
+import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
 
-from test_side_by_side import three_ways
+from helpers import clean_env
+from test_side_by_side import RUNNER, three_ways
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -106,7 +112,10 @@ os.waitpid(pid, 0)
     )
     for name, run in three_ways(["prog.py"], tmp_path, IMPORTWATCH_TIMEOUT="2").items():
         lines = sorted(run.stdout.splitlines())
-        assert lines == ["child threads taking signals: 0", "parent threads taking signals: 0"], (name, run.stderr)
+        assert lines == ["child threads taking signals: 0", "parent threads taking signals: 0"], (
+            name,
+            run.stderr,
+        )
 
 
 # -- the program's own faulthandler deadline -----------------------------------------------------
@@ -142,3 +151,53 @@ sys.setswitchinterval(0.005)
         assert (run.returncode, run.stdout) == (1, ""), (name, run.stderr)
         # Its dump and exit, as it asked (the header gives the time left when it was armed again).
         assert "Timeout (0:00:" in run.stderr, (name, run.stderr)
+
+
+# -- a job ended for a stall ----------------------------------------------------------------------
+def _processes_with(marker: str) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                if marker.encode() in cmdline.read():
+                    found.append(int(entry))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+STARTS_CHILDREN = """\
+import subprocess, sys
+print("from the stalled import")  # block-buffered: a file
+grandchild = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(1000)', sys.argv[1]]); time.sleep(1000)"
+subprocess.run([sys.executable, "-c", grandchild, sys.argv[1]])
+"""
+
+
+@pytest.mark.parametrize("how", ["runner", "IMPORTWATCH=1"])
+def test_a_job_ended_for_a_stall_takes_what_the_stalled_import_started_and_writes_out_its_stdout(
+    tmp_path: Path, how: str
+) -> None:
+    marker = f"iw-orphan-{uuid.uuid4().hex}"
+    _write(tmp_path, **{"prog.py": "print('before')\nimport starts\n", "starts.py": STARTS_CHILDREN})
+    options = ["--timeout", "1", "--exit-on-stall"]
+    env = clean_env(IMPORTWATCH="1", IMPORTWATCH_TIMEOUT="1", IMPORTWATCH_EXIT_ON_STALL="1")
+    command = [*RUNNER, *options] if how == "runner" else [sys.executable]
+    out, err = tmp_path / "out.txt", tmp_path / "err.txt"
+    try:
+        with open(out, "wb") as stdout, open(err, "wb") as stderr:
+            status = subprocess.run(
+                [*command, "prog.py", marker], cwd=tmp_path, stdin=subprocess.DEVNULL, stdout=stdout,
+                stderr=stderr, env=env if how != "runner" else clean_env(), timeout=60,
+            ).returncode  # fmt: skip
+        left = _processes_with(marker)
+    finally:
+        for pid in _processes_with(marker):
+            os.kill(pid, signal.SIGKILL)
+    stderr_text = err.read_text()
+    assert status == 1, stderr_text
+    assert left == [], stderr_text
+    assert out.read_text() == "before\nfrom the stalled import\n"
+    ended = re.search(r"exiting with status 1 \(--exit-on-stall; ended what it started: (.*)\)", stderr_text)
+    assert ended is not None, stderr_text
+    assert len(ended.group(1).split(", ")) == 2 and "python" in ended.group(1)

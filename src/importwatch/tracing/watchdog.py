@@ -20,7 +20,7 @@ import os
 import sys
 import time
 
-from importwatch.events import BUSY, EXIT, RESUMED, STALL, STALL_CONTEXT, STALL_THREAD, STALL_THREADS
+from importwatch.events import BUSY, RESUMED, STALL, STALL_CONTEXT, STALL_THREAD, STALL_THREADS
 from importwatch.facts import procstat
 from importwatch.tracing import stalls, threads
 from importwatch.tracing.faults import SharedFaulthandler
@@ -134,6 +134,8 @@ class Watchdog:
         # no exit handler will ever stop the heartbeat, which must not outlive the program's threads.
         self.main_gone = False
         self._reporting = _thread.allocate_lock()  # held while a report is written (see report)
+        # Loaded now: nothing may be imported once the program is stalled (see tracing/ending.py).
+        self._ending = tracer.import_own("importwatch.tracing.ending") if exit_on_stall else None
 
     # -- life cycle ---------------------------------------------------------------
     def start(self) -> None:
@@ -411,12 +413,8 @@ class Watchdog:
             text = f"--exit-on-stall does not end it: a debugger, pid {debugger}, is attached"
             sink.event(STALL_CONTEXT, {"context": text})
         elif ends:
-            sink.event(EXIT, {"status": 1, "message": "--exit-on-stall"})
-            if sink.feed is not None:
-                from importwatch.tracing.watcher_launch import hush  # loaded already: it started the watcher
-
-                hush(sink)
-            os._exit(1)
+            # Timed afresh: NOW is from before the CPU look and the dump.
+            self._ending.end_job(sink, time.monotonic() - chains[culprit][0].start)  # never returns
         self._arm(since + self._limit(top) * _GROWTH**reports + _GRACE, now)
 
     def _on_chain(self, ident: int, step: TracedStep) -> bool:

@@ -429,7 +429,14 @@ class Watcher:
                     [("outside", f"{who} is debugging it: left as it is, not killed (--exit-on-stall)", {})]
                 )
             return
-        said = self._say([(EXIT, f"the program is {verdict}, not busy: killing it", {"status": None})])
+        from importwatch.facts import family
+
+        # Found before the program dies: then they would be PID 1's, and run on for ever.
+        started = [each for each in family.descendants(self.pid) if each[0] != os.getpid()]
+        message = f"the program is {verdict}, not busy: killing it"
+        if started:
+            message += f" and what it started: {', '.join(f'{pid} {name}' for pid, name in started)}"
+        said = self._say([(EXIT, message, {"status": None})])
         if not said:
             return
         self.clean = True
@@ -437,6 +444,7 @@ class Watcher:
             os.kill(self.pid, 9)
         except OSError:
             pass
+        family.end(started)
 
     def _report_lines(self, now: float) -> list[tuple[str, str, dict]]:
         """The lines of one outside report: the headline, each thread, then what the culprit's chain adds."""
