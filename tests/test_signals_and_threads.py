@@ -201,3 +201,42 @@ def test_a_job_ended_for_a_stall_takes_what_the_stalled_import_started_and_write
     ended = re.search(r"exiting with status 1 \(--exit-on-stall; ended what it started: (.*)\)", stderr_text)
     assert ended is not None, stderr_text
     assert len(ended.group(1).split(", ")) == 2 and "python" in ended.group(1)
+
+
+# -- threads of ours only while something is in flight ----------------------------------------
+def test_a_program_that_imported_is_single_threaded_again_and_may_unshare_its_user_namespace(
+    tmp_path: Path,
+) -> None:
+    _write(
+        tmp_path,
+        **{
+            "prog.py": """\
+import ctypes, os, threading, time
+import json, email.parser
+deadline = time.monotonic() + 5
+while len(os.listdir("/proc/self/task")) > 1 and time.monotonic() < deadline:
+    time.sleep(0.05)
+libc = ctypes.CDLL(None, use_errno=True)
+tasks = len(os.listdir("/proc/self/task"))
+done = libc.unshare(0x10000000) == 0  # CLONE_NEWUSER: refused to a multi-threaded process
+print(threading.active_count(), [t.name for t in threading.enumerate()], tasks, done or os.strerror(ctypes.get_errno()))
+"""
+        },
+    )
+    runs = three_ways(["prog.py"], tmp_path)
+    assert runs["plain"].returncode == 0, runs["plain"].stderr
+    for name, run in runs.items():
+        assert run.stdout == runs["plain"].stdout, (name, run.stderr)
+
+
+def test_a_program_that_imports_nothing_more_is_single_threaded_within_a_second(tmp_path: Path) -> None:
+    # IMPORTWATCH=1 sees site's own steps (sitecustomize, usercustomize) before the program's first line.
+    code = """\
+import os, time
+end = time.monotonic() + 1
+while len(os.listdir("/proc/self/task")) > 1 and time.monotonic() < end:
+    time.sleep(0.01)
+print(len(os.listdir("/proc/self/task")))
+"""
+    for name, run in three_ways(["-c", code], tmp_path).items():
+        assert (run.returncode, run.stdout) == (0, "1\n"), (name, run.stderr)

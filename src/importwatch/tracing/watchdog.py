@@ -48,6 +48,9 @@ _STOP_WAIT = 1.0
 # In a process whose interpreter main thread is gone (a fork child of another thread), how often the
 # heartbeat looks whether it is the last thread left: then it leaves, so the process can end.
 _ALONE_LOOK = 0.05
+# The longest the heartbeat sleeps while something is in flight: once nothing is, it leaves at its next
+# look, so the process is single-threaded again at most this long after its last step (see start).
+_IDLE_LOOK = 0.25
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -135,15 +138,24 @@ class Watchdog:
         self.main_gone = False
         self._reporting = _thread.allocate_lock()  # held while a report is written (see report)
         # Loaded now: nothing may be imported once the program is stalled (see tracing/ending.py).
-        self._ending = tracer.import_own("importwatch.tracing.ending") if exit_on_stall else None
+        self._ending = None
+        if exit_on_stall:
+            tracer.import_own("importwatch.facts.family")  # ending's own import, else traced
+            self._ending = tracer.import_own("importwatch.tracing.ending")
 
     # -- life cycle ---------------------------------------------------------------
     def start(self) -> None:
+        """On, with no thread yet: the first step starts the heartbeat (see wake_up and _idle).
+
+        A process with a thread of ours is multi-threaded for the kernel, and some calls need it
+        single-threaded (unshare(CLONE_NEWUSER), setns into a user namespace): so our threads live
+        only while something is in flight.
+        """
         if self._running:
             return
         self._running = True
+        self._dormant = True
         self._tell_due()
-        self._start_heartbeat()
 
     def _start_heartbeat(self) -> None:
         self._generation += 1
@@ -203,14 +215,18 @@ class Watchdog:
         GIL at once would keep the heartbeat from arming it: cover it here. Wake the
         heartbeat only if its next look would come too late for this step.
         """
-        if self._dormant:
-            self.wake_up()
         limit = self.timeout if timeout is None else timeout
         if limit <= 0:
+            if self._dormant:
+                self.wake_up()
             return
         now = CLOCKS.monotonic()
         self._cover(now, limit)
-        if now + limit < self._next_look + self.interval:
+        # Looked at after _cover, which takes the lock when the heartbeat has left (see _idle): a
+        # heartbeat that left as this step began is started again, never missed.
+        if self._dormant:
+            self.wake_up()
+        elif now + limit < self._next_look + self.interval:
             self.wake()
 
     def wake(self) -> None:
@@ -301,10 +317,30 @@ class Watchdog:
                 break
             try:
                 self.sink.check_descriptors()
-                pause = self.check(CLOCKS.monotonic())
+                pause = min(self.check(CLOCKS.monotonic()), _IDLE_LOOK)
             except Exception as error:  # never let the watchdog die silently
                 self.sink.warn(f"watchdog error: {type(error).__name__}: {error}")
                 pause = self.interval
+            if self._idle(generation):
+                break
+
+    def _idle(self, generation: int) -> bool:
+        """Nothing in flight: cancel our deadline, and leave until the next step (see start); True if so.
+
+        Decided under the lock, on the tracer's chains as a step's start makes them: a thread
+        has its chain before it calls step_begins, whose _cover takes this lock once we have
+        disarmed, and then finds the watchdog dormant.
+        """
+        with self._lock:
+            if self.tracer.stacks or self._stalled or self._forking or generation != self._generation:
+                return False
+            if not self._running:
+                return False
+            self._disarm()
+            self._dormant = True
+            self._gone = None  # ending now: nothing to wait for (see _leave)
+            self._tell_due()
+            return True
 
     def _alone(self) -> bool:
         """No Python thread left but the heartbeat: the program has ended its last thread."""
@@ -414,7 +450,7 @@ class Watchdog:
             sink.event(STALL_CONTEXT, {"context": text})
         elif ends:
             # Timed afresh: NOW is from before the CPU look and the dump.
-            self._ending.end_job(sink, time.monotonic() - chains[culprit][0].start)  # never returns
+            self._ending.end_job(sink, CLOCKS.monotonic() - chains[culprit][0].start)  # never returns
         self._arm(since + self._limit(top) * _GROWTH**reports + _GRACE, now)
 
     def _on_chain(self, ident: int, step: TracedStep) -> bool:
