@@ -52,6 +52,7 @@ def test_a_sigint_blocked_around_a_critical_section_waits_for_its_end(tmp_path: 
         **{
             "prog.py": """\
 import signal
+signal.signal(signal.SIGINT, signal.default_int_handler)  # ignored when started in the background
 signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
 try:
     import critical
