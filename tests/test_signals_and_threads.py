@@ -16,7 +16,7 @@ import pytest
 from helpers import clean_env
 from test_side_by_side import RUNNER, three_ways
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]  # every test here starts processes
 
 
 def _write(folder: Path, **files: str) -> None:
