@@ -1,0 +1,94 @@
+"""The kernel benchmark runs end to end in its quickest mode and gives every figure it promises."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers import ROOT, clean_env
+
+BENCH = ROOT / "benchmarks" / "bench_kernel.py"
+TARGETS = {
+    "per_import_all_lines",
+    "per_import_quiet",
+    "torch_cpu_ratio_log",
+    "startup_added_ms",
+    "syscalls_per_import_all_lines",
+    "torch_extra_mmap_munmap",
+    "frames_added_per_import",
+}
+TRACED = ("runner log", "runner stalls", "env log", "env stalls")
+
+
+def bench(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(BENCH), "--cache", str(tmp_path / "cache"), "--json", *args],
+        env=clean_env(**env), capture_output=True, text=True, timeout=150,
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_quickest_run_gives_every_figure_in_json(tmp_path):
+    done = bench(
+        tmp_path, "--current", "--quick", "--rounds", "1", "--startup-rounds", "1",
+        "--modules", "20", "--depth", "5", "--workloads", "tree,chain",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
+    (result,) = json.loads(done.stdout)["pythons"].values()
+    has_strace = shutil.which("strace") is not None
+    for name, imports in (("tree", 20 + 1 + 1), ("chain", 5)):
+        work = result["workloads"][name]
+        assert work["imports"] == imports
+        for mode in TRACED:
+            row = work["modes"][mode]
+            assert {"ratio_wall", "ratio_cpu", "added_sys_ms", "added_minflt", "majflt"} <= set(row)
+            assert {"wall_us", "cpu_us", "user_us", "sys_us", "minflt"} <= set(work["per_import"][mode])
+        if has_strace:
+            # Each line is written at least once (stderr and log get one write each today).
+            assert work["syscalls_per_import"]["runner log"]["write"] >= 1.0
+            assert work["syscalls"]["plain"]["kinds"]["mmap"] > 0
+    assert result["startup"]["added_ms"] is not None
+    assert result["frames"]["plain"]["frames_per_import"] > 0
+    assert result["frames"]["plain"]["deepest_nesting"] > 50
+    targets = result["targets"]
+    assert set(targets) == TARGETS
+    measured = TARGETS - {"torch_cpu_ratio_log", "torch_extra_mmap_munmap"}
+    if not has_strace:
+        measured.discard("syscalls_per_import_all_lines")
+    assert all(targets[key] is not None for key in measured), targets
+    assert targets["frames_added_per_import"] >= 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_missing_strace_and_python_are_reported_and_skipped(tmp_path):
+    home = tmp_path / "home"  # no ~/.pyenv here
+    home.mkdir()
+    (tmp_path / "bin").mkdir()  # a PATH without strace
+    # A version that neither this interpreter nor the checkout's .venv (used when it matches) has.
+    taken = {
+        f"{sys.version_info[0]}.{sys.version_info[1]}",
+        *(p.name[6:] for p in (ROOT / ".venv" / "lib").glob("python3.*")),
+    }
+    missing = next(v for v in ("3.9", "3.10", "3.12", "3.13") if v not in taken)
+    done = bench(tmp_path, "--versions", missing, HOME=str(home), PATH=str(tmp_path / "bin"))
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
+    (result,) = json.loads(done.stdout)["pythons"].values()
+    assert "no ~/.pyenv/versions/" in result["error"]
+    done = bench(
+        tmp_path, "--current", "--quick", "--rounds", "1", "--startup-rounds", "1", "--workloads", "chain",
+        "--depth", "3", PATH=str(tmp_path / "bin"),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    (result,) = json.loads(done.stdout)["pythons"].values()
+    assert "system calls: strace is not installed" in result["skipped"]
+    assert result["workloads"]["chain"]["syscalls"] is None
+    assert result["targets"]["frames_added_per_import"] is not None
