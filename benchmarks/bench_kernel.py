@@ -428,7 +428,9 @@ def syscalls_per_import(work: dict, baseline: dict, mode: str) -> dict[str, floa
     return dict(sorted(((k, v) for k, v in extra.items() if v), key=lambda kv: -abs(kv[1])))
 
 
-def measure_workload(python: str, work: Workload, rounds: int, workdir: Path) -> dict[str, object]:
+def measure_workload(
+    python: str, work: Workload, rounds: int, workdir: Path, skipped: list[str]
+) -> dict[str, object]:
     """Timed rounds of every mode, then one run of each under strace (None where strace cannot run)."""
     log(f"{python}: {work.name}: {rounds} rounds of {len(MODES)} modes")
     runs, imports, lines = timed(python, work, rounds, workdir)
@@ -441,7 +443,10 @@ def measure_workload(python: str, work: Workload, rounds: int, workdir: Path) ->
     }
     if shutil.which("strace") is not None:
         log(f"{python}: {work.name}: strace, {len(MODES)} modes")
-        figures["syscalls"] = {mode: strace_counts(python, work, mode, workdir) for mode in MODES}
+        try:
+            figures["syscalls"] = {mode: strace_counts(python, work, mode, workdir) for mode in MODES}
+        except Failed as error:  # ptrace refused, say: the timings stand
+            skipped.append(f"{work.name}: system calls: {error}")
     return figures
 
 
@@ -453,7 +458,9 @@ def measure(python: str, options, cache: Path, workdir: Path) -> dict[str, objec
         skipped.append("system calls: strace is not installed")
     try:
         # What each mode adds to `python -c pass`: subtracted, so that per-import figures leave start-up out.
-        baseline = measure_workload(python, Workload("start", "pass", ""), options.startup_rounds, workdir)
+        baseline = measure_workload(
+            python, Workload("start", "pass", ""), options.startup_rounds, workdir, skipped
+        )
     except Failed as error:
         skipped.append(f"start-up baseline: {error}")
         baseline = None
@@ -467,7 +474,7 @@ def measure(python: str, options, cache: Path, workdir: Path) -> dict[str, objec
             continue
         try:
             rounds = options.torch_rounds if work.name == "torch" else options.rounds
-            figures = measure_workload(python, work, rounds, workdir)
+            figures = measure_workload(python, work, rounds, workdir, skipped)
         except Failed as error:
             skipped.append(f"{work.name}: {error}")
             continue
