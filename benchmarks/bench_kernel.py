@@ -612,9 +612,8 @@ def format_value(value: object) -> str:
     if isinstance(value, float):
         return f"{value:.3f}"
     if isinstance(value, dict):
-        return ", ".join(
-            f"{k} {v:+.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in list(value.items())[:9]
-        )
+        shown = [(k, v) for k, v in value.items() if not isinstance(v, float) or abs(v) >= 0.005][:10]
+        return ", ".join(f"{k} {v:+.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in shown)
     return str(value)
 
 
