@@ -153,8 +153,18 @@ def site_roots(path: Sequence[str] | None = None, environ: dict[str, str] | None
     if site.ENABLE_USER_SITE:
         candidates.append(site.getusersitepackages())
     candidates += [entry for entry in environ.get("PYTHONPATH", "").split(os.pathsep) if entry]
-    # sys.path[0] is the script's folder or the current one: not an installation.
-    candidates += list(sys.path[1:] if path is None else path)
+    # sys.path[0] is the script's folder or the current one: not an installation. `python -m
+    # importwatch` moves the current folder to the end instead (a json.py there must not replace
+    # ours), where it is no installation either: a checkout holding its .venv would hide the venv.
+    try:
+        here = os.path.realpath(os.getcwd())
+    except OSError:
+        here = None
+    candidates += [
+        entry
+        for entry in (sys.path[1:] if path is None else path)
+        if not (isinstance(entry, str) and entry and os.path.realpath(entry) == here)
+    ]
     roots: list[str] = []
     seen: set[str] = set()
     for entry in candidates:
