@@ -16,7 +16,7 @@ import pytest
 
 from cbuild import FIXTURES, compile_extension, compile_shared
 from helpers import clean_env, importwatch, traced
-from importwatch.watcher import outside
+from importwatch.facts import process as outside
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 

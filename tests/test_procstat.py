@@ -12,7 +12,7 @@ import pytest
 
 from helpers import clean_env, importwatch
 from importwatch.facts import procstat
-from importwatch.watcher import outside
+from importwatch.facts import process as outside
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 

@@ -526,7 +526,7 @@ class _Parser:
 
 
 _HEADER = frozenset(("time", "pid", "thread", "rank", "kind", "text"))
-# The heads of the watcher's report headline, by its verdict (watcher/outside.py's words).
+# The heads of the watcher's report headline, by its verdict (facts/process.py's words).
 _OUTSIDE_HEADLINES = (("waiting: ", "waiting"), ("busy, not stuck: ", "busy"), ("stopped: ", "stopped"))
 
 

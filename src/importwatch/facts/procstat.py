@@ -1,4 +1,5 @@
-"""Reads a process's or a thread's /proc stat line: its command name and the fields after it.
+"""Reads a process's or a thread's /proc stat line (its command name and the fields after it), its
+schedstat and its TracerPid: the readers the traced process needs too.
 
 The command name (comm) is the program's to choose, spaces and parentheses included
 (`a) b (c`), so the fields are read after the LAST `)`. Imported at start-up in the
@@ -54,3 +55,45 @@ def fields(path: str) -> list[bytes] | None:
 def cpu_ticks(stat: list[bytes]) -> int:
     """User plus system CPU time, in clock ticks, of the fields STAT (ValueError, IndexError if malformed)."""
     return int(stat[UTIME]) + int(stat[STIME])
+
+
+def read_file(path: str, limit: int = 1 << 16) -> bytes | None:
+    """The file at PATH read to its end (at most LIMIT bytes), or None when it cannot be read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        # /proc files such as maps, locks and net/tcp give about a page per read: read to the end.
+        chunks = []
+        size = 0
+        while size < limit:
+            chunk = os.read(fd, limit - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        return b"".join(chunks)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def schedstat(path: str) -> float | None:
+    """Seconds the thread ran or waited in the run queue for a CPU, from the schedstat file at PATH
+    (`/proc/PID/task/TID/schedstat`); None when it cannot be read (no CONFIG_SCHEDSTATS, or gone)."""
+    try:
+        run, wait = (read_file(path) or b"").split()[:2]
+        return (int(run) + int(wait)) / 1e9
+    except ValueError:
+        return None
+
+
+def tracer_pid(pid: int | str = "self") -> int:
+    """The pid of the debugger (ptrace) attached to process PID, 0 when none (or it cannot be read)."""
+    for line in (read_file(f"/proc/{pid}/status") or b"").splitlines():
+        if line.startswith(b"TracerPid:"):
+            value = line.split()[1:]
+            return int(value[0]) if value and value[0].isdigit() else 0
+    return 0

@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import signal
 
+from importwatch.facts.stacks import last_line
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import subprocess
@@ -26,17 +28,14 @@ def kill_group(child: subprocess.Popen) -> None:
     child.wait()
 
 
-def last_line(path: str, skip: tuple[str, ...] = ("[importwatch ",)) -> str | None:
+def last_line_of(path: str, skip: tuple[str, ...] = ("[importwatch ",)) -> str | None:
     """The last line of the file at PATH (a child's stderr) that is not blank and starts with none of SKIP,
-    stripped; None when there is none or the file cannot be read."""
+    stripped (stacks.last_line); None when there is none or the file cannot be read."""
     try:
         with open(path, "rb") as file:
             file.seek(0, os.SEEK_END)
             file.seek(max(0, file.tell() - TAIL_BYTES))
-            lines = file.read().decode("utf-8", "replace").splitlines()
+            text = file.read().decode("utf-8", "replace")
     except OSError:
         return None
-    for line in reversed(lines):
-        if line.strip() and not line.startswith(skip):
-            return line.strip()
-    return None
+    return last_line(text, None, skip)

@@ -20,8 +20,8 @@ import os
 import sys
 
 from importwatch.events import SIGNAL, STEP, STEP_END, VERDICT  # loaded at start-up, by the Sink
+from importwatch.masking import mask_environment
 from importwatch.tracing import threads
-from importwatch.tracing.banner import mask_environment
 from importwatch.tracing.sink import CLOCKS
 
 TYPE_CHECKING = False

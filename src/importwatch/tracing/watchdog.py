@@ -62,30 +62,14 @@ def _tasks() -> set[str]:
         return set()
 
 
-def _tracer() -> int:
-    """The pid of a debugger attached to this process (ptrace), 0 when none."""
-    try:
-        with open("/proc/self/status", "rb") as status:
-            for line in status:
-                if line.startswith(b"TracerPid:"):
-                    return int(line.split()[1])
-    except (OSError, IndexError, ValueError):
-        pass
-    return 0
-
-
 def _demand(task: str) -> float | None:
     """Seconds thread TASK (/proc/self/task/TID) has run or waited in the run queue for a CPU.
 
     On a loaded machine a spinning thread gets only part of a CPU, yet never waits
     for anything else; without schedstat, its CPU time has to do.
     """
-    try:
-        with open(f"{task}/schedstat", "rb") as schedstat:
-            run, wait = schedstat.read().split()[:2]
-        return (int(run) + int(wait)) / 1e9
-    except (OSError, ValueError):
-        return _cpu_seconds(f"{task}/stat")
+    seconds = procstat.schedstat(f"{task}/schedstat")
+    return seconds if seconds is not None else _cpu_seconds(f"{task}/stat")
 
 
 def _cpu_seconds(stat_path: str) -> float | None:
@@ -430,7 +414,7 @@ class Watchdog:
             sink.event(STALL_CONTEXT, {"context": line})
         share = self._cpu_share(culprit)
         busy = share is not None and share >= _BUSY
-        debugger = _tracer() if share is None else 0
+        debugger = procstat.tracer_pid() if share is None else 0
         # The step may have ended while its CPU use was being looked at (see step_ended).
         ended = self._stalled.get(culprit, (None,))[0] is not top
         if busy:
@@ -496,13 +480,13 @@ class Watchdog:
         used = spent = 0.0
         before, mine, began = _demand(task), _demand(me), CLOCKS.monotonic()
         for _ in range(_STEPS):
-            free = not _tracer()
+            free = not procstat.tracer_pid()
             time.sleep(_STEP)
             after, mine_after, ended = _demand(task), _demand(me), CLOCKS.monotonic()
             if before is None or after is None or mine is None or mine_after is None:
                 return None
             stopped = (ended - began) - _STEP - (mine_after - mine)
-            if free and stopped < _STEP and not _tracer():
+            if free and stopped < _STEP and not procstat.tracer_pid():
                 used += after - before
                 spent += ended - began
                 if spent >= _LOOK:

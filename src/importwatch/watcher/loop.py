@@ -15,10 +15,10 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from importwatch.config import Settings
     from importwatch.events.read import Event
+    from importwatch.facts import process, stacks
+    from importwatch.facts.process import ThreadSample
     from importwatch.inflight import Started
     from importwatch.tracing.sink import Sink
-    from importwatch.watcher import outside
-    from importwatch.watcher.outside import ThreadSample
 
 # The outside report comes this long after the threshold, so it follows the in-process STALL
 # report and faulthandler's dump (armed 0.3 s after it) instead of interleaving with them.
@@ -93,13 +93,13 @@ class Watcher:
         import select
         import time
 
-        from importwatch.watcher import outside
+        from importwatch.facts import process
 
         try:
             self._pidfd = os.pidfd_open(self.pid)
         except (AttributeError, OSError):
             self._pidfd = None  # Linux < 5.3 or Python < 3.9: poll /proc instead
-        if not outside.alive(self.pid, self.start_time):
+        if not process.alive(self.pid, self.start_time):
             self._read_all()
             return self.ended()
         poller = select.poll()
@@ -121,7 +121,7 @@ class Watcher:
                 elif fd == self._pidfd:
                     self._read_all()
                     return self.ended()
-            if self._pidfd is None and not outside.alive(self.pid, self.start_time):
+            if self._pidfd is None and not process.alive(self.pid, self.start_time):
                 self._read_all()
                 return self.ended()
             self.tick(time.monotonic())
@@ -231,12 +231,12 @@ class Watcher:
     # -- stalls -------------------------------------------------------------------------------
     def tick(self, now: float) -> None:
         """Between lines: sample the threads' CPU time, and report when a stall is due."""
-        from importwatch.watcher import outside
+        from importwatch.facts import process
 
         if not self._in_flight():
             return
         if not self.samples or now - self.samples[-1][0] >= SAMPLE_INTERVAL * 0.9:
-            self.samples.append((now, outside.sample_threads(self.pid)))
+            self.samples.append((now, process.sample_threads(self.pid)))
             # Keep enough to measure the last second (or the last threshold, when shorter).
             while len(self.samples) > 2 and now - self.samples[1][0] >= self._window():
                 self.samples.pop(0)
@@ -248,7 +248,7 @@ class Watcher:
 
     def report(self, now: float) -> None:
         """The outside report of a stall; see the class docstring."""
-        from importwatch.watcher import outside
+        from importwatch.facts import process
 
         self.reports += 1
         lines = self._report_lines(now)
@@ -258,12 +258,12 @@ class Watcher:
         # With --exit-on-stall the program's watchdog may be timing a busy thread's CPU use to decide
         # whether to exit, and a debugger's stop would look like idleness: the stacks wait for a
         # later report, once the program has said the thread is busy.
-        deciding = verdict == outside.BUSY and self.exit_on_stall and not self.busy_told
-        if verdict in (outside.WAITING, outside.BUSY) and not deciding:
+        deciding = verdict == process.BUSY and self.exit_on_stall and not self.busy_told
+        if verdict in (process.WAITING, process.BUSY) and not deciding:
             self._stacks()  # last, as a debugger takes a while: the lines above are out already
         # Never a program whose own watchdog has found the thread busy: from here a thread waiting
         # for the GIL on a loaded machine can look idle.
-        ends = verdict in (outside.WAITING, outside.STOPPED) and not self.busy_told
+        ends = verdict in (process.WAITING, process.STOPPED) and not self.busy_told
         if self.exit_on_stall and self.reports and ends:
             self._end_stalled(verdict)
 
@@ -313,13 +313,13 @@ class Watcher:
         return True
 
     def _alive(self) -> bool:
-        from importwatch.watcher import outside
+        from importwatch.facts import process
 
         if self._pidfd is not None:
             import select
 
             return not select.select([self._pidfd], [], [], 0)[0]
-        return outside.alive(self.pid, self.start_time)
+        return process.alive(self.pid, self.start_time)
 
     def _read_available(self) -> None:
         """Take what the feed holds now without waiting (an `#exit` silences the report)."""
@@ -346,7 +346,7 @@ class Watcher:
         says so in one line. The debugger stops the process while it reads; the
         samples taken before are dropped, so no busy-or-waiting verdict spans the stop.
         """
-        from importwatch.watcher import outside
+        from importwatch.facts import stacks
 
         chains = self._in_flight()
         culprit_name = _culprit(chains)
@@ -360,7 +360,7 @@ class Watcher:
         if not self._hold():
             return
         try:
-            found = outside.read_stacks(self.pid, STACKS_TIMEOUT)
+            found = stacks.read_native_stacks(self.pid, STACKS_TIMEOUT)
             try:
                 # Written while gdb still holds the process: it cannot end (nor exit, were
                 # faulthandler's exit due) before its stacks are out.
@@ -373,7 +373,7 @@ class Watcher:
             self._release()
 
     def _stack_lines(
-        self, found: outside.Stacks | str, chains: dict[str, list[Started]], culprit_name: str
+        self, found: stacks.Stacks | str, chains: dict[str, list[Started]], culprit_name: str
     ) -> list[tuple[str, str, dict]]:
         """The stalled thread's stack first, then the other threads in flight, the rest, ours last."""
         if isinstance(found, str):
@@ -408,23 +408,23 @@ class Watcher:
         """
         import time
 
-        from importwatch.watcher import outside
+        from importwatch.facts import process
 
         # The program's own watchdog ends it with status 1 when it can act (within a second
         # of the threshold); the watcher steps in only when it cannot, as in a stopped process.
         deadline = time.monotonic() + EXIT_GRACE
         while True:
-            stat = outside.process_stat(self.pid)
+            stat = process.process_stat(self.pid)
             if stat is None or stat.state in "ZX":
                 return  # it ended by itself
             if time.monotonic() >= deadline:
                 break
             time.sleep(0.05)
-        tracer = outside.tracer_pid(self.pid)
-        if tracer and not outside.traced_by_us(self.pid, tracer):
+        tracer = process.tracer_pid(self.pid)
+        if tracer and not process.traced_by_us(self.pid, tracer):
             if not self.told_foreign:
                 self.told_foreign = True
-                who = f"pid {tracer} {outside.command_of(tracer)}"
+                who = f"pid {tracer} {process.command_of(tracer)}"
                 self._say(
                     [("outside", f"{who} is debugging it: left as it is, not killed (--exit-on-stall)", {})]
                 )
@@ -448,14 +448,14 @@ class Watcher:
 
     def _report_lines(self, now: float) -> list[tuple[str, str, dict]]:
         """The lines of one outside report: the headline, each thread, then what the culprit's chain adds."""
-        from importwatch.watcher import outside
+        from importwatch.facts import process, waits
 
         pid = self.pid
-        current = outside.sample_threads(pid, detail=True)
+        current = process.sample_threads(pid, detail=True)
         if not current:
             return []
         earlier, seconds = self._earlier(now)
-        stat = outside.process_stat(pid)
+        stat = process.process_stat(pid)
         chains = self._in_flight()
         culprit_name = _culprit(chains)
         culprit = (
@@ -463,24 +463,24 @@ class Watcher:
         )
         verdicts = {}
         for tid, sample in current.items():
-            share = outside.cpu_share(earlier.get(tid), sample, seconds)
-            verdicts[tid] = (outside.verdict(sample, share), share)
+            share = process.cpu_share(earlier.get(tid), sample, seconds)
+            verdicts[tid] = (process.verdict(sample, share), share)
         if stat is not None and stat.state in "Tt":
-            overall = outside.STOPPED
+            overall = process.STOPPED
         else:
             overall = verdicts[culprit.tid][0]
-            if overall == outside.GONE:
-                overall = outside.WAITING
+            if overall == process.GONE:
+                overall = process.WAITING
         chain = " > ".join(_describe(step, now) for step in chains[culprit_name])
         head = self._headline(overall, culprit_name, culprit, verdicts[culprit.tid][1], seconds, stat)
         lines: list[tuple[str, str, dict]] = [
             ("outside", f"{head}; in flight: {culprit_name}: {chain}", {"verdict": overall})
         ]
-        code = outside.CodeRanges(pid)
+        code = process.CodeRanges(pid)
         lines += self._thread_lines(current, verdicts, chains, code)
         if stat is not None and stat.state in "Tt":
             lines.append(("outside", self._stopped_hint(stat), {}))
-        elif outside.stdin_terminal(pid) and stat is not None and stat.background:
+        elif waits.stdin_terminal(pid) and stat is not None and stat.background:
             lines.append(("outside", "it reads a terminal on stdin from the background: redirect stdin", {}))
         lines += self._mapped_lines(pid, chains[culprit_name], culprit, code)
         for step in chains[culprit_name]:
@@ -496,11 +496,11 @@ class Watcher:
         current: dict[int, ThreadSample],
         verdicts: dict[int, tuple[str, float | None]],
         chains: dict[str, list[Started]],
-        code: outside.CodeRanges,
+        code: process.CodeRanges,
     ) -> list[tuple[str, str, dict]]:
         """One line per thread: those in flight first, then the rest, ours last; a long tail of idle
         threads is counted."""
-        from importwatch.watcher import outside
+        from importwatch.facts import process, waits
 
         pid = self.pid
         names = {tid: name for name, tid in self.tids.items()}
@@ -526,20 +526,20 @@ class Watcher:
             label = names.get(tid) or f"thread-{tid}"
             what, share = verdicts[tid]
             body = f"{label} (tid {tid}, {sample.comm}): {self._state_text(sample, share)}: {what}"
-            if what != outside.BUSY:
-                waits = outside.waits_on(pid, sample)
+            if what != process.BUSY:
+                waits = waits.waits_on(pid, sample)
                 if waits:
                     body += f"; {waits}"
             lines.append(("outside", body, {"thread_name": label, "tid": tid, "verdict": what}))
         return lines
 
-    def _ours(self, tid: int, name: str | None, sample: ThreadSample, code: outside.CodeRanges) -> str | None:
+    def _ours(self, tid: int, name: str | None, sample: ThreadSample, code: process.CodeRanges) -> str | None:
         """What a thread of ours is, or None for the program's own threads."""
-        from importwatch.watcher import outside
+        from importwatch.facts import process
 
         if name in _OUR_THREADS:
             return _OUR_THREADS[name]
-        if tid in self.timer_tids or (name is None and outside.is_timer_thread(self.pid, sample, code)):
+        if tid in self.timer_tids or (name is None and process.is_timer_thread(self.pid, sample, code)):
             self.timer_tids.add(tid)
             return _TIMER_THREAD
         return None
@@ -565,16 +565,16 @@ class Watcher:
         return text
 
     def _headline(self, overall, name, culprit, share, seconds, stat) -> str:
-        from importwatch.watcher import outside
+        from importwatch.facts import process
 
         who = f"{name} {self._state_text(culprit, share)}"
         span = f" over the last {seconds:.1f} s" if seconds else ""
-        if overall == outside.BUSY:
+        if overall == process.BUSY:
             return (
                 f"busy, not stuck: {who}{span}; a long import that keeps a CPU busy is often CUDA JIT "
                 "(compiling PTX for this GPU) or a build, and ends by itself"
             )
-        if overall == outside.STOPPED:
+        if overall == process.STOPPED:
             return f"stopped: process {self.pid} is {stat.state_name if stat else 'stopped'}, nothing runs"
         return f"waiting: {who}{span}; not using CPU: blocked, not slow"
 
@@ -584,19 +584,19 @@ class Watcher:
                 "it is a background job of its terminal: touching the terminal stops it (SIGTTIN/SIGTTOU); "
                 "redirect stdin (< /dev/null) or run it in the foreground"
             )
-        from importwatch.watcher import outside
+        from importwatch.facts import process
 
-        tracer = outside.tracer_pid(self.pid)
+        tracer = process.tracer_pid(self.pid)
         if tracer:
             return (
-                f"pid {tracer} {outside.command_of(tracer)} is debugging it (ptrace): it goes on when freed"
+                f"pid {tracer} {process.command_of(tracer)} is debugging it (ptrace): it goes on when freed"
             )
         return f"something stopped it (SIGSTOP or SIGTSTP); kill -CONT {self.pid} resumes it"
 
     def _mapped_lines(
-        self, pid: int, chain: list[Started], culprit: ThreadSample, code: outside.CodeRanges
+        self, pid: int, chain: list[Started], culprit: ThreadSample, code: process.CodeRanges
     ) -> list[tuple[str, str, dict]]:
-        from importwatch.watcher import outside
+        from importwatch.facts import process
 
         load = next((step for step in reversed(chain) if step.kind == "native"), None)
         if load is None:
@@ -607,7 +607,7 @@ class Watcher:
         if new:
             names = ", ".join(os.path.basename(path) for path in new)
             lines.append(("outside", f"mapped since dlopen {load.name} began: {names}", {"mapped": new}))
-        on_stack = outside.libraries_on_stack(pid, culprit, code)
+        on_stack = process.libraries_on_stack(pid, culprit, code)
         # The file in dlopen counts too: the watcher may read the maps only after dlopen mapped it.
         candidates = {*new, os.path.realpath(load.name), load.name}
         initialising = next((path for path in on_stack if path in candidates), None)
@@ -636,17 +636,17 @@ class Watcher:
         import select
         import time
 
-        from importwatch.watcher import outside
+        from importwatch.facts import process
 
         if self._pidfd is not None:
             select.select([self._pidfd], [], [], 1.0)
         status = None
         deadline = time.monotonic() + 1.0
         while True:
-            stat = outside.process_stat(self.pid)
+            stat = process.process_stat(self.pid)
             if stat is None or (self.start_time is not None and stat.start != self.start_time):
                 if self._pidfd is not None:
-                    status = outside.reaped_status(self._pidfd)
+                    status = process.reaped_status(self._pidfd)
                 break
             if stat.state in "ZX":
                 status = stat.exit_code
@@ -664,7 +664,7 @@ class Watcher:
         if status is None:
             how = "ended without a clean exit (its exit status was gone before the watcher could read it)"
         else:
-            how = outside.describe_status(status)
+            how = process.describe_status(status)
             if os.WIFEXITED(status) and self.exit_on_stall and self.reports and os.WEXITSTATUS(status) == 1:
                 how += ", ended by --exit-on-stall after the stall report"
             elif os.WIFEXITED(status):

@@ -11,6 +11,7 @@ import threading
 import time
 
 from importwatch import config
+from importwatch.masking import mask_argv
 from importwatch.tools.bisection.trials import (
     ERROR,
     OK,
@@ -21,7 +22,6 @@ from importwatch.tools.bisection.trials import (
     stop_status,
 )
 from importwatch.tools.commands import import_code, join, quote
-from importwatch.tracing.banner import mask_argv
 from importwatch.tracing.runner import is_zip
 from importwatch.usage import EXIT_USAGE, UsageError, fail, options_then_target
 

@@ -14,7 +14,7 @@ from importwatch.events import IMPORT, NATIVE, VERDICT
 from importwatch.events.read import parse_line
 from importwatch.inflight import InFlight, Started
 from importwatch.signame import signal_name
-from importwatch.tools.children import kill_group, last_line
+from importwatch.tools.children import kill_group, last_line_of
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -297,7 +297,7 @@ class Trials:
         finally:
             if child is not None:
                 kill_group(child)
-        tail = last_line(errors) or ""
+        tail = last_line_of(errors) or ""
         outcome = _classify(
             child.returncode, why, state, time.monotonic() - started, self.timeout, first, tail
         )

@@ -9,12 +9,12 @@ import time
 
 import importwatch
 from importwatch import config
-from importwatch.tools.children import kill_group, last_line
+from importwatch.facts.procstat import read_file
+from importwatch.tools.children import kill_group, last_line_of
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Sequence
-    from typing import Any
 
 SAMPLE_INTERVAL = 0.25
 
@@ -49,53 +49,53 @@ class _OutsideLook:
     """
 
     def __init__(self, pid: int) -> None:
-        from importwatch.watcher import outside
+        from importwatch.facts import process, waits
 
-        self.outside = outside
+        self.facts = (process, waits)
         self.pid = pid
         self.last = None  # (time, ThreadSample of the main thread), since no stop of ours
         self.view: str | None = None
 
     def sample(self) -> None:
-        outside = self.outside
+        process, waits = self.facts
         try:
-            if outside.traced_by_us(self.pid):
+            if process.traced_by_us(self.pid):
                 self.last = None  # the watcher's debugger holds it: the next share starts after it
                 return
             now = time.monotonic()
             if self.last is not None and now - self.last[0] < SAMPLE_INTERVAL:
                 return
-            threads = outside.sample_threads(self.pid, detail=True)
+            threads = process.sample_threads(self.pid, detail=True)
             main = threads.get(self.pid)
-            tracer = outside.tracer_pid(self.pid)
+            tracer = process.tracer_pid(self.pid)
             # Stopped by a debugger that is ours now, or gone since: the watcher's, letting go.
-            ours = outside.traced_by_us(self.pid, tracer) or (
+            ours = process.traced_by_us(self.pid, tracer) or (
                 main is not None and main.state == "t" and not tracer
             )
             if main is None or ours:
                 self.last = None
                 return
-            share = outside.cpu_share(self.last[1], main, now - self.last[0]) if self.last else None
+            share = process.cpu_share(self.last[1], main, now - self.last[0]) if self.last else None
             self.last = (now, main)
-            state = outside.verdict(main, share)
-            if state == outside.GONE or _being_killed(outside, self.pid):
+            state = process.verdict(main, share)
+            if state == process.GONE or _being_killed(self.pid):
                 # Ended or ending (its watcher kills a stopped child; a stopped process runs for
                 # a moment to die): the view from before the end stands.
                 return
             cpu = f", {share * 100:.0f}% CPU" if share is not None else ""
-            waits = outside.waits_on(self.pid, main) if state != outside.BUSY else None
+            waiting = waits.waits_on(self.pid, main) if state != process.BUSY else None
             others = len(threads) - 1
             more = f"; {others} other thread{'s' if others != 1 else ''}" if others else ""
             self.view = (
-                f"{state}: main thread {main.state_name}{cpu}" + (f", {waits}" if waits else "") + more
+                f"{state}: main thread {main.state_name}{cpu}" + (f", {waiting}" if waiting else "") + more
             )
         except Exception:  # a look from outside may fail; the check goes on without it
             return
 
 
-def _being_killed(outside: Any, pid: int) -> bool:
+def _being_killed(pid: int) -> bool:
     """Whether PID has a SIGKILL pending or has ended: what it shows now is its end, not its hang."""
-    status = outside.read_file(f"/proc/{pid}/status", 1 << 16) or b""
+    status = read_file(f"/proc/{pid}/status", 1 << 16) or b""
     for line in status.splitlines():
         if line.startswith(b"State:") and line.split()[1:2] in ([b"Z"], [b"X"]):
             return True
@@ -152,4 +152,4 @@ def run_child(
 
 def last_error_line(path: str) -> str | None:
     """The last line of a traceback on the child's stderr: "RuntimeError: boom"."""
-    return last_line(path, skip=("[importwatch ", " ", "\t"))
+    return last_line_of(path, skip=("[importwatch ", " ", "\t"))

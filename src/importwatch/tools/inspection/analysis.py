@@ -12,7 +12,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from importwatch.tools.inspection.stacks import StackFrame
+    from importwatch.facts.stacks import StackFrame
 
 _DLOPEN = ("dlopen", "_dl_open", "dlopen_implementation", "___dlopen", "__dlopen")
 

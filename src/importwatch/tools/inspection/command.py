@@ -1,9 +1,9 @@
 """importwatch inspect PID: the command line, and the report assembled from what the readers find.
 
 Everything is read, nothing is sent to the process, no signal and no code: /proc
-(process.py, and outside.py's verdicts on each thread), its interpreter's
-search path asked in a separate process (interpreter.py), its stacks through
-whichever helper is installed (stacks.py), what they show (analysis.py),
+(process.py, and facts/process.py's and facts/waits.py's verdicts on each thread),
+its interpreter's search path asked in a separate process (interpreter.py), its
+stacks through whichever helper is installed (facts/stacks.py), what they show (analysis.py),
 the files it has mapped (libraries.py), the conclusions (verdicts.py),
 and the text or JSON (render.py).
 """
@@ -14,24 +14,24 @@ import os
 import sys
 import time
 
-from importwatch.facts import cuda, dists
+from importwatch.facts import cuda, dists, waits
+from importwatch.facts import process as proc
+from importwatch.facts.stacks import read_stacks
+from importwatch.masking import mask_argv
 from importwatch.tools.inspection import process
 from importwatch.tools.inspection.analysis import holders, import_state, load_of
 from importwatch.tools.inspection.interpreter import interpreter_facts, search_path, version_from_maps
 from importwatch.tools.inspection.libraries import find_torch_for, library_facts
-from importwatch.tools.inspection.render import render, render_json
-from importwatch.tools.inspection.stacks import read_stacks, short_native
+from importwatch.tools.inspection.render import render, render_json, short_native
 from importwatch.tools.inspection.verdicts import hang_problems, rerun_commands
-from importwatch.tracing.banner import mask_argv
 from importwatch.usage import UsageError, argument_parser, fail
-from importwatch.watcher import outside
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from importwatch.facts.cuda import TorchFacts
-    from importwatch.tools.inspection.stacks import Stacks
+    from importwatch.facts.stacks import Stacks
 
 EXIT_OK = 0
 EXIT_PROBLEM = 1
@@ -87,11 +87,11 @@ def check_target(text: str) -> int:
         raise UsageError(f"{text!r} is not a process id")
     if pid == os.getpid():
         raise UsageError("cannot inspect itself")
-    stat = outside.process_stat(pid)
+    stat = proc.process_stat(pid)
     if stat is None or stat.state in "ZX":
         raise UsageError(f"no such process: {pid}")
     try:
-        # Opened here, not through outside.read_file: a refusal must be told from a process gone.
+        # Opened here, not through proc.read_file: a refusal must be told from a process gone.
         with open(f"/proc/{pid}/maps", "rb") as file:
             maps = file.read(1 << 26).decode("utf-8", "replace")
     except PermissionError:
@@ -102,7 +102,7 @@ def check_target(text: str) -> int:
         raise UsageError(f"no such process: {pid}") from None
     name = os.path.basename(process.exe(pid) or "")
     if not (name.startswith("python") or "/libpython" in maps):
-        raise UsageError(f"process {pid} ({outside.command_of(pid)}) is not a Python process")
+        raise UsageError(f"process {pid} ({proc.command_of(pid)}) is not a Python process")
     return pid
 
 
@@ -116,7 +116,7 @@ class _Target:
         self.exe = process.exe(pid) or ""
         self.cwd = process.cwd(pid)
         self.environ = process.environ(pid)
-        self.stat = outside.process_stat(pid)
+        self.stat = proc.process_stat(pid)
         self.unseen: list[str] = []
         if self.environ is None:
             self.unseen.append("its environment (/proc/PID/environ is not readable)")
@@ -129,25 +129,25 @@ class _Target:
             self.unseen.append(why)
         self.version = version or version_from_maps(self.exe, self.mapped)
         self.search = search_path(asked, self.cmdline, self.cwd, self.mapped)
-        self.code: outside.CodeRanges | None = None  # read when a thread without native frames needs it
+        self.code: proc.CodeRanges | None = None  # read when a thread without native frames needs it
 
-    def code_ranges(self) -> outside.CodeRanges:
+    def code_ranges(self) -> proc.CodeRanges:
         if self.code is None:
-            self.code = outside.CodeRanges(self.pid)
+            self.code = proc.CodeRanges(self.pid)
         return self.code
 
 
 def inspect(pid: int, native: bool = True) -> dict:
     """Every fact inspect reads about PID, and the problems it names, as the JSON object --json prints."""
     target = _Target(pid)
-    before = outside.sample_threads(pid)
+    before = proc.sample_threads(pid)
     time.sleep(WINDOW)
-    samples = outside.sample_threads(pid, detail=True)
+    samples = proc.sample_threads(pid, detail=True)
     ran = process.last_ran(pid, list(samples))
     stacks = read_stacks(pid, native, target.version)
     unseen = target.unseen + stacks.unseen
     if samples and all(sample.syscall is None for sample in samples.values()):
-        blocked = outside.ptrace_blocker(pid)
+        blocked = proc.ptrace_blocker(pid)
         if blocked:
             unseen.append(f"the system calls threads are blocked in: {blocked}")
     torch = find_torch_for(target.mapped, target.search, target.environ or {})
@@ -183,15 +183,15 @@ def inspect(pid: int, native: bool = True) -> dict:
 
 def _thread(
     target: _Target,
-    sample: outside.ThreadSample,
-    before: outside.ThreadSample | None,
+    sample: proc.ThreadSample,
+    before: proc.ThreadSample | None,
     ran: dict[int, float],
     stacks: Stacks,
 ) -> dict:
     """One thread's entry: its state and verdict from /proc, its import and load from its stacks."""
     pid, tid = target.pid, sample.tid
-    share = outside.cpu_share(before, sample, WINDOW)
-    what = outside.verdict(sample, share)
+    share = proc.cpu_share(before, sample, WINDOW)
+    what = proc.verdict(sample, share)
     frames = stacks.python.get(tid, [])
     imports = import_state(frames)
     native_lines = stacks.native.get(tid, [])
@@ -203,13 +203,13 @@ def _thread(
         "verdict": what,
         "cpu": round(share, 3) if share is not None else None,
         "last_ran": round(ran[tid], 3) if tid in ran else None,
-        "waits_on": outside.waits_on(pid, sample) if what != outside.BUSY else None,
+        "waits_on": waits.waits_on(pid, sample) if what != proc.BUSY else None,
         **imports,
         "python": [frame.describe() for frame in frames],
         "native": short_native(native_lines),
     }
     # Without a native stack, the libraries whose code addresses lie on its stack stand in.
-    on_stack = [] if native_lines else outside.libraries_on_stack(pid, sample, target.code_ranges())
+    on_stack = [] if native_lines else proc.libraries_on_stack(pid, sample, target.code_ranges())
     load = load_of(imports, native_lines, on_stack, target.exe, target.search, target.mapped)
     if load is not None:
         entry["load"] = load

@@ -6,15 +6,17 @@ from __future__ import annotations
 import os
 
 from importwatch.facts.mapped import MappedObjects
-from importwatch.watcher import outside
+from importwatch.facts.procstat import read_file
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
+    from importwatch.facts.process import ProcessStat
+
 
 def cmdline(pid: int) -> list[str]:
-    data = outside.read_file(f"/proc/{pid}/cmdline", 1 << 20) or b""
+    data = read_file(f"/proc/{pid}/cmdline", 1 << 20) or b""
     if not data:
         return []
     # Each word ends with a NUL, an empty word too: strip only the last one, or `''` is lost.
@@ -24,7 +26,7 @@ def cmdline(pid: int) -> list[str]:
 
 def environ(pid: int) -> dict[str, str] | None:
     """Its environment as it started; None when /proc/PID/environ cannot be read."""
-    data = outside.read_file(f"/proc/{pid}/environ", 1 << 22)
+    data = read_file(f"/proc/{pid}/environ", 1 << 22)
     if data is None:
         return None
     found = {}
@@ -72,11 +74,11 @@ def owner(pid: int) -> str:
         return f" (owned by uid {uid})"
 
 
-def started(stat: outside.ProcessStat | None) -> float | None:
+def started(stat: ProcessStat | None) -> float | None:
     """When the process started, as a time.time() value: the boot time plus its start in clock ticks."""
     if stat is None:
         return None
-    for line in (outside.read_file("/proc/stat", 1 << 20) or b"").splitlines():
+    for line in (read_file("/proc/stat", 1 << 20) or b"").splitlines():
         if line.startswith(b"btime "):
             return float(line.split()[1]) + stat.start / os.sysconf("SC_CLK_TCK")
     return None
@@ -84,7 +86,7 @@ def started(stat: outside.ProcessStat | None) -> float | None:
 
 def _exec_start(path: str) -> float | None:
     """se.exec_start of a /proc .../sched file: when the thread last ran on a CPU, in ms."""
-    for line in (outside.read_file(path) or b"").splitlines():
+    for line in (read_file(path) or b"").splitlines():
         if line.startswith(b"se.exec_start"):
             try:
                 return float(line.split(b":")[1])

@@ -6,10 +6,10 @@ import json
 import time
 
 from importwatch.events import escape
+from importwatch.facts import process
+from importwatch.facts.stacks import described_in_importlib, short_frame
 from importwatch.tools.commands import join
-from importwatch.tools.inspection.stacks import described_in_importlib
 from importwatch.tracing.blocking import format_age
-from importwatch.watcher import outside
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -98,7 +98,7 @@ def _thread(thread: dict) -> list[str]:
         lines.append(f"    loading {named}{load['file'] or '?'} ({load['how']}; from {load['source']})")
         if load["initialising"] and load["initialising"] != load["file"]:
             lines.append(f"    initialising {load['initialising']}")
-    if thread["python"] and (thread["chain"] or thread["verdict"] != outside.BUSY):
+    if thread["python"] and (thread["chain"] or thread["verdict"] != process.BUSY):
         lines.append(f"    python, outermost first: {_python_path(thread['python'])}")
     if thread["native"] and (thread["chain"] or load):
         # The innermost few say where it waits; the rest is counted, never dropped unsaid (short_native
@@ -133,3 +133,13 @@ def _python_path(frames: Sequence[str]) -> str:
 
 def _importlib_run(count: int) -> str:
     return f"... {count} importlib frame{'s' if count != 1 else ''}"
+
+
+def short_native(lines: Sequence[str], limit: int = 16) -> list[str]:
+    """A thread's native frames for the report: gdb's shortened to function and library, at most LIMIT."""
+    if lines and lines[0].startswith("#"):
+        shown = [short_frame(line) for line in lines[:limit]]
+        if len(lines) > limit:
+            shown.append("...")
+        return shown
+    return [line.strip() for line in lines[:limit]]

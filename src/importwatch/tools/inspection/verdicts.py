@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import os
 
+from importwatch.facts import process, waits
 from importwatch.tools.commands import join, quote
-from importwatch.watcher import outside
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -16,8 +16,8 @@ if TYPE_CHECKING:
 def hang_problems(
     pid: int,
     threads: list[dict],
-    stat: outside.ProcessStat | None,
-    samples: dict[int, outside.ThreadSample],
+    stat: process.ProcessStat | None,
+    samples: dict[int, process.ThreadSample],
 ) -> list[str]:
     """The process stopped, a thread hung in an import or a load, a thread waiting for stdin."""
     problems = []
@@ -27,27 +27,27 @@ def hang_problems(
     for thread in threads:
         label = f"{thread['name']} (tid {thread['tid']})"
         idle = f", no CPU for {thread['last_ran']:.1f} s" if thread.get("last_ran") is not None else ""
-        if thread["chain"] and thread["verdict"] == outside.WAITING:
+        if thread["chain"] and thread["verdict"] == process.WAITING:
             problems.append(f"{label} hangs in import {' > '.join(thread['chain'])} {_where(thread, idle)}")
-        elif thread.get("load") and thread["verdict"] == outside.WAITING:
+        elif thread.get("load") and thread["verdict"] == process.WAITING:
             load = thread["load"]
             problems.append(
                 f"{label} hangs loading {load['file'] or load['initialising']} ({load['how']}{idle})"
             )
         sample = samples.get(thread["tid"])
-        if thread["verdict"] != outside.BUSY and sample is not None and _reads_stdin(sample):
-            problems.append(f"{label} waits for input on stdin: {outside.describe_fd(pid, 0)}")
+        if thread["verdict"] != process.BUSY and sample is not None and _reads_stdin(sample):
+            problems.append(f"{label} waits for input on stdin: {waits.describe_fd(pid, 0)}")
     return problems
 
 
-def _reads_stdin(sample: outside.ThreadSample) -> bool:
+def _reads_stdin(sample: process.ThreadSample) -> bool:
     """True when the thread is blocked in a read of fd 0."""
     call = sample.syscall
     return (
         bool(call)
         and len(call) > 1
         and call[1] == 0
-        and outside.SYSCALLS.get(call[0], ("",))[0] in ("read", "readv")
+        and waits.SYSCALLS.get(call[0], ("",))[0] in ("read", "readv")
     )
 
 

@@ -26,7 +26,7 @@ from importwatch.events import (
 )
 from importwatch.events.read import BadLine, Event, read_line
 from importwatch.inflight import STARTED_BY, STARTS, Started, close
-from importwatch.tracing.banner import mask_argv, mask_text
+from importwatch.masking import mask_argv, mask_text
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
