@@ -6,10 +6,10 @@ from __future__ import annotations
 import _thread
 import errno
 import os
-import stat
 import sys
 import time
 
+from importwatch import safefile
 from importwatch.events import BUSY, DIED, EXIT, RESUMED, VERDICT, WARNING, escape, json_line, render
 
 TYPE_CHECKING = False
@@ -52,66 +52,6 @@ _HIGH_FD = 1024
 # stall, a verdict, a death, our own failure. Not the start and env lines: until there is something
 # to report, a quiet program's stderr is byte for byte plain python's.
 _LOUD = frozenset((VERDICT, WARNING, RESUMED, BUSY, EXIT, DIED))
-
-
-# Never follow a symlink, never wait on a FIFO's reader, never hand the descriptor to a child.
-_LOG_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
-_OPEN_ERRORS = {errno.ELOOP: "it is a symbolic link", errno.ENXIO: "it is a FIFO or a socket"}
-_KINDS = {
-    stat.S_IFIFO: "a FIFO",
-    stat.S_IFCHR: "a device",
-    stat.S_IFBLK: "a device",
-    stat.S_IFSOCK: "a socket",
-}
-
-
-def _unsafe_log(fd: int) -> str | None:
-    """Why the file open on FD must not take our lines (not a regular file, another user's), or None."""
-    try:
-        info = os.fstat(fd)
-        if stat.S_ISREG(info.st_mode):
-            os.set_blocking(fd, True)  # no meaning for a regular file; our writes expect none
-    except OSError as error:
-        return error.strerror
-    if not stat.S_ISREG(info.st_mode):
-        return f"it is {_KINDS.get(stat.S_IFMT(info.st_mode), 'not a regular file')}"
-    if info.st_uid != os.geteuid():
-        return f"it belongs to another user (uid {info.st_uid})"
-    return None
-
-
-def planted_link(path: str) -> str | None:
-    """The first folder on PATH's way that is a symlink another user put in a sticky, world-writable
-    folder (as /tmp), or None.
-
-    This is the kernel's fs.protected_symlinks rule, kept where that setting is off (some
-    containers): such a link is followed only by its owner or the folder's. PATH's last part
-    is left to O_NOFOLLOW, which refuses every symlink there.
-    """
-    here = "/"
-    parts = [part for part in os.path.abspath(path).split("/") if part][:-1]
-    links = 0
-    while parts:
-        step = os.path.join(here, parts.pop(0))
-        try:
-            link = os.lstat(step)
-            if not stat.S_ISLNK(link.st_mode):
-                here = step
-                continue
-            folder = os.stat(here)
-            target = os.readlink(step)
-        except OSError:
-            return None  # nothing there (yet): the open itself says what is wrong
-        shared = folder.st_mode & (stat.S_ISVTX | stat.S_IWOTH) == stat.S_ISVTX | stat.S_IWOTH
-        if shared and link.st_uid not in (os.geteuid(), folder.st_uid):
-            return step
-        links += 1
-        if links > 40:  # the kernel's own limit: the open fails with ELOOP
-            return None
-        parts[:0] = [part for part in target.split("/") if part]
-        if target.startswith("/"):
-            here = "/"
-    return None
 
 
 def rank_from_env(environ: dict[str, str] | os._Environ[str] = os.environ) -> int | None:
@@ -326,23 +266,9 @@ class Sink:
         waited on, and only a regular file of our own (or a new one, mode 0600) is taken.
         """
         opened, path = path, shown or path  # PATH as opened; as the user gave it, in what we say
-        planted = planted_link(opened)
-        if planted is not None:
-            self.warn(
-                f"cannot open log file {path}: {planted} is a symbolic link another user put in a shared "
-                "folder; logging to stderr only"
-            )
-            return False
-        try:
-            fd = os.open(opened, _LOG_FLAGS, 0o600)
-        except OSError as error:
-            why = _OPEN_ERRORS.get(error.errno, error.strerror)
-            self.warn(f"cannot open log file {path}: {why}; logging to stderr only")
-            return False
-        why = _unsafe_log(fd)
-        if why is not None:
-            os.close(fd)
-            self.warn(f"cannot use log file {path}: {why}; logging to stderr only")
+        fd = safefile.open_log(opened, path)
+        if isinstance(fd, str):
+            self.warn(f"{fd}; logging to stderr only")
             return False
         self.adopt_log(fd, path)
         return True
