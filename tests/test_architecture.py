@@ -89,7 +89,7 @@ def test_no_module_imports_itself_back_through_others() -> None:
             # No package's __init__ is exempt: events/read.py uses the model in events/__init__,
             # which never imports read.py back.
             if state.get(target) == 1:
-                cycles.append(path[path.index(target) :] + [target])
+                cycles.append([*path[path.index(target) :], target])
             elif target not in state:
                 walk(target, [*path, target])
         state[node] = 2

@@ -11,8 +11,8 @@ import threading
 import pytest
 
 from helpers import clean_env, importwatch
-from importwatch.facts import procstat
 from importwatch.facts import process as outside
+from importwatch.facts import procstat
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
