@@ -420,6 +420,8 @@ class Watcher:
             if time.monotonic() >= deadline:
                 break
             time.sleep(0.05)
+        if verdict == process.STOPPED and stat.state not in "tT":
+            return  # stopped no more (a debugger let go): its own watchdog can act now
         tracer = process.tracer_pid(self.pid)
         if tracer and not process.traced_by_us(self.pid, tracer):
             if not self.told_foreign:
