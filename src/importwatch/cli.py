@@ -10,6 +10,7 @@ from importwatch.usage import UsageError, fail, options_then_target
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from importwatch.config import Settings
     from importwatch.tracing.runner import Launch, Target
 
 EXIT_OK = 0
@@ -71,7 +72,7 @@ IMPORTWATCH=1 traces every Python process that has it in its environment
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The console script: the program runs from runner.execute (python -m runs it from __main__.py)."""
+    """The console script: `python -m importwatch` with the interpreter the script was installed for."""
     launch = prepare(argv)
     if isinstance(launch, int):
         return launch
@@ -131,19 +132,38 @@ def parse(args: list[str]) -> tuple[dict | None, Target | None]:
 
 
 def _start(options: dict, target: Target, path0_taken: bool = False) -> int | Launch:
+    from importwatch.tracing import runner
+
+    try:
+        runner.check(target)
+    except runner.CannotRun as error:
+        return fail(str(error))
+    # The watcher is on here unless asked off (under IMPORTWATCH=1 alone it is off).
+    settings, warnings = config.merge(options, watcher=True)
+    if runner.why_in_process() is None:
+        outer = sys.modules.get("importwatch.tracing.session")  # IMPORTWATCH=1 traced this process
+        if outer is not None and outer.active() is not None:
+            outer.before_exec()
+        try:
+            runner.become_python(target, settings, warnings)  # returns only if the exec failed
+        except OSError:
+            pass  # then here, as where it cannot trace
+    return _in_process(settings, warnings, target, path0_taken)
+
+
+def _in_process(settings: Settings, warnings: list[str], target: Target, path0_taken: bool) -> int | Launch:
+    """The fallback: the program runs in this process, through runpy's ways (see tracing/runner.py)."""
     from importwatch.tracing import runner, session
 
     try:
         code, path = runner.prepare(target)
     except runner.CannotRun as error:
         return fail(str(error))
-    except SyntaxError as error:
+    except (SyntaxError, ValueError) as error:
         # python reports a broken script without a traceback, and exits 1; so do we.
         error.__traceback__ = None
         sys.excepthook(type(error), error, None)
         return EXIT_PROBLEM
-    # The watcher is on here unless asked off (under IMPORTWATCH=1 alone it is off).
-    settings, warnings = config.merge(options, watcher=True)
     # The target's children (workers, torchrun's ranks) trace themselves through the .pth.
     os.environ.update(config.to_env(settings))
     started_here = session.active() is None  # else IMPORTWATCH=1 traced our imports as they came

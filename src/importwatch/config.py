@@ -24,6 +24,9 @@ ENV_EXIT_ON_STALL = "IMPORTWATCH_EXIT_ON_STALL"
 ENV_WATCHER = "IMPORTWATCH_WATCHER"
 ENV_DUMP_ON_SIGUSR1 = "IMPORTWATCH_DUMP_ON_SIGUSR1"
 ENV_STDERR = "IMPORTWATCH_STDERR"
+# Private: the runner's process execs python with this set (see to_runner); the traced process
+# takes it out of its environment as it activates, so neither the program nor its children see it.
+ENV_RUNNER = "IMPORTWATCH_RUNNER"
 
 # What goes to stderr: every line, only what says something is wrong, or nothing of ours.
 STDERR_ALL = "all"
@@ -265,6 +268,28 @@ def from_options(args: Sequence[str]) -> Settings:
         else:
             raise ConfigError(f"{word}: not an option of importwatch's settings")
     return merge(given, {})[0]
+
+
+def to_runner(settings: Settings, warnings: Sequence[str], skip: int) -> str:
+    """ENV_RUNNER's value: SETTINGS (as to_options writes them), the WARNINGS the merge gave (for the
+    traced process to report), and how many words of its command line are the interpreter's (SKIP)."""
+    words = [str(skip), str(len(warnings)), *warnings, *to_options(settings)]
+    return "".join(f"{len(word)}:{word}" for word in words)  # any text may be in a log's path
+
+
+def from_runner(text: str) -> tuple[Settings, list[str], int]:
+    """What to_runner wrote: the settings, the warnings and the skip; a ValueError if it is not that."""
+    words = []
+    while text:
+        size, colon, text = text.partition(":")
+        if not colon or not size.isdigit() or int(size) > len(text):
+            raise ValueError(f"{ENV_RUNNER} is not the runner's")
+        words.append(text[: int(size)])
+        text = text[int(size) :]
+    if len(words) < 2 or not (words[0] + words[1]).isdigit() or len(words) < 2 + int(words[1]):
+        raise ValueError(f"{ENV_RUNNER} is not the runner's")
+    count = int(words[1])
+    return from_options(words[2 + count :]), words[2 : 2 + count], int(words[0])
 
 
 def for_child(

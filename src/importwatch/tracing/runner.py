@@ -1,9 +1,12 @@
-"""Runs SCRIPT, -m MODULE, -c CODE or - (stdin) exactly as python would: argv, sys.path[0], __main__, exit status.
+"""Runs SCRIPT, -m MODULE, -c CODE or - (stdin) exactly as python would: by becoming that python.
 
-The program's own code runs from the caller's frame (``python -m importwatch``
-runs it from importwatch/__main__.py's module level), so that below its first
-frame there are no more frames of ours than ``python -m runpy`` puts there:
-``inspect.stack()`` and the recursion depth left to the program stay as python's.
+The runner's process execs `python [its own flags] TARGET ARGS` with tracing
+switched on through the environment (config.ENV_RUNNER, read at activation by
+the .pth, as under IMPORTWATCH=1): argv, sys.path[0], __main__, frames, stdin,
+warnings, exceptions and exit status are then python's own. Where the .pth
+cannot run (-I, -E, -S, importwatch's .pth not installed in this interpreter),
+the program runs in this process instead, through runpy's ways (launch/execute),
+with the limits the README lists.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from importwatch.tracing import handback
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
+
+    from importwatch.config import Settings
 
 # The importwatch package: frames from any of its files are ours.
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
@@ -64,6 +69,18 @@ class CannotRun(Exception):
     """The target cannot be started (python says `can't open file` and exits 2)."""
 
 
+def check(target: Target) -> None:
+    """What python would refuse to start, refused before the exec (CannotRun); reads nothing."""
+    if target.kind == "stdin" and sys.stdin is not None and sys.stdin.isatty():
+        raise CannotRun("an interactive session from a terminal (-) is not supported; pipe the program in")
+    if target.kind == "script":
+        path = os.path.join(os.getcwd(), target.value)
+        try:
+            os.stat(path)
+        except OSError as error:
+            raise CannotRun(f"can't open file {path!r}: [Errno {error.errno}] {error.strerror}") from None
+
+
 def prepare(target: Target) -> tuple[types.CodeType | None, str | None]:
     """Check and compile a script or -c code before tracing starts; returns its code and absolute path.
 
@@ -77,10 +94,6 @@ def prepare(target: Target) -> tuple[types.CodeType | None, str | None]:
         stdin = sys.stdin
         if stdin is None:  # fd 0 closed: python runs an empty program
             return compile(b"", "<stdin>", "exec", dont_inherit=True), None
-        if stdin.isatty():
-            raise CannotRun(
-                "an interactive session from a terminal (-) is not supported; pipe the program in"
-            )
         return compile(stdin.buffer.read(), "<stdin>", "exec", dont_inherit=True), None
     if target.kind == "code":
         if sys.version_info >= (3, 13):  # python -c keeps its source for tracebacks from 3.13 on
@@ -105,7 +118,7 @@ def prepare(target: Target) -> tuple[types.CodeType | None, str | None]:
         import marshal
 
         return marshal.loads(source[16:]), path
-    return compiled_as_python_would(path, source), path
+    return compile(source, path, "exec", dont_inherit=True), path
 
 
 def is_zip(path: str) -> bool:
@@ -138,32 +151,6 @@ def take_path0() -> bool:
         return False
     del sys.path[0]
     return True
-
-
-def compiled_as_python_would(path: str, source: bytes) -> types.CodeType:
-    """SOURCE compiled; where it cannot be, python itself says why, as it would for the file.
-
-    python reads a script through its file tokenizer, whose messages for a NUL byte, bad
-    UTF-8 or an unknown coding differ from compile()'s, by version. So on a syntax error
-    this process becomes `python [its flags] PATH` (before tracing starts: nothing of ours
-    is lost), which prints python's own message and exits with python's status.
-    """
-    try:
-        return compile(source, path, "exec", dont_inherit=True)
-    except (SyntaxError, ValueError):
-        executable = sys.executable
-        if not executable:
-            raise
-        import subprocess
-
-        flags = subprocess._args_from_interpreter_flags()  # type: ignore[attr-defined]
-        for stream in (sys.stdout, sys.stderr):
-            if stream is not None:
-                stream.flush()
-        # Without IMPORTWATCH*: python's message alone, as plain python gives it.
-        env = {key: value for key, value in os.environ.items() if not key.startswith("IMPORTWATCH")}
-        os.execve(executable, [executable, *flags, path], env)
-        raise  # not reached
 
 
 def _path0(target: Target, path: str | None) -> str | None:
@@ -227,10 +214,7 @@ _FLAG = {"module": "-m", "code": "-c", "stdin": "-"}
 
 
 def execute(launch: Launch) -> None:
-    """Run what launch() prepared, from here (the console script's way; __main__.py runs it inline)."""
-    # __main__.py repeats these lines at its module level on purpose: calling this function from
-    # there would put one frame more below the program than `python -m runpy` does (see its
-    # docstring). Change both alike.
+    """Run what launch() prepared, in this process (the fallback: see the module's docstring)."""
     try:
         if launch.code is None:
             launch.run_module(launch.module, launch.alter_argv)
@@ -243,68 +227,85 @@ def execute(launch: Launch) -> None:
 
 
 def report_uncaught(error: BaseException) -> None:
-    """Print the traceback as python would, without our frames, and exit as python would.
+    """Print the traceback through sys.excepthook without our frames; python then exits as it would.
 
-    The traceback goes through sys.excepthook (the program may have set its own).
-    Then the same exception leaves the interpreter with a hook that prints nothing,
-    so python itself sets the exit status: 1, or death by SIGINT for KeyboardInterrupt.
+    The same exception leaves the interpreter with a hook that prints nothing, so python
+    itself sets the exit status: 1, or death by SIGINT for KeyboardInterrupt.
     """
-    traceback = _without_ours(error.__traceback__)
+    traceback = error.__traceback__
+    while traceback is not None and traceback.tb_frame.f_code.co_filename.startswith(_PACKAGE):
+        traceback = traceback.tb_next
     error.__traceback__ = traceback
     sys.last_type, sys.last_value, sys.last_traceback = type(error), error, traceback
     if sys.version_info >= (3, 12):
         sys.last_exc = error
     try:
-        _call_excepthook(error, traceback)
+        (getattr(sys, "excepthook", None) or sys.__excepthook__)(type(error), error, traceback)
+    except SystemExit:
+        raise
+    except BaseException:
+        sys.__excepthook__(type(error), error, traceback)
     finally:
         sys.excepthook = _quiet_excepthook
     raise error
-
-
-def _call_excepthook(error: BaseException, traceback: types.TracebackType | None) -> None:
-    """sys.excepthook, and what python prints when it is missing, None or raises."""
-    hook = getattr(sys, "excepthook", None)
-    if hook is None and not hasattr(sys, "excepthook"):
-        _say("sys.excepthook is missing\n")
-        sys.__excepthook__(type(error), error, traceback)
-        return
-    try:
-        hook(type(error), error, traceback)  # type: ignore[misc]
-    except SystemExit:
-        raise  # python exits with the hook's status too
-    except BaseException as hook_error:
-        hook_traceback = hook_error.__traceback__ = _without_ours(hook_error.__traceback__)
-        if hook_error.__context__ is error:  # python calls the hook with no exception in hand
-            hook_error.__context__ = None
-        if sys.stdout is not None:
-            try:
-                sys.stdout.flush()
-            except Exception:
-                pass
-        _say("Error in sys.excepthook:\n")
-        sys.__excepthook__(type(hook_error), hook_error, hook_traceback)
-        _say("\nOriginal exception was:\n")
-        sys.__excepthook__(type(error), error, traceback)
-
-
-def _say(text: str) -> None:
-    stderr = sys.stderr
-    if stderr is not None:
-        try:
-            stderr.write(text)
-        except Exception:
-            pass
-
-
-def _without_ours(traceback: types.TracebackType | None) -> types.TracebackType | None:
-    while traceback is not None and _is_ours(traceback.tb_frame.f_code.co_filename):
-        traceback = traceback.tb_next
-    return traceback
 
 
 def _quiet_excepthook(*_: object) -> None:
     """The traceback was printed already."""
 
 
-def _is_ours(filename: str) -> bool:
-    return filename.startswith(_PACKAGE)
+# -- the exec ----------------------------------------------------------------------------------
+def why_in_process() -> str | None:
+    """Why the exec would run the program untraced (the fallback runs it here), or None."""
+    flags = sys.flags
+    if flags.ignore_environment:  # -E, -I: the .pth reads IMPORTWATCH from the environment
+        return "-E or -I"
+    if flags.no_site:  # -S: no .pth runs at all
+        return "-S"
+    if not sys.executable:
+        return "no sys.executable"
+    import site  # loaded at start-up already (-S is handled above)
+
+    folders = list(getattr(site, "getsitepackages", list)())
+    if site.ENABLE_USER_SITE:
+        folders.append(site.getusersitepackages())
+    if not any(os.path.isfile(os.path.join(folder, PTH)) for folder in folders):
+        return f"no {PTH} in this interpreter's site-packages"
+    return None
+
+
+PTH = "00-importwatch.pth"  # what pyproject.toml installs: the .pth that switches tracing on
+
+
+def interpreter_flags() -> list[str]:
+    """This interpreter's own flags (-B, -O, -W, -X ...), as the command line of another one."""
+    import subprocess  # replaced by the exec, which is the only reason it is imported
+
+    flags = subprocess._args_from_interpreter_flags()  # type: ignore[attr-defined]
+    stdout = sys.__stdout__
+    if stdout is not None and type(getattr(stdout, "buffer", None)).__name__ == "FileIO":
+        flags.append("-u")  # the one flag CPython's list leaves out (it has no sys.flags field)
+    if sys.flags.inspect:
+        flags.append("-i")
+    return flags
+
+
+def become_python(target: Target, settings: Settings, warnings: list[str]) -> None:
+    """Exec `python [flags] TARGET ARGS`, traced with SETTINGS from its start; returns only if the exec fails.
+
+    Its environment is ours plus what the runner has always given the program (IMPORTWATCH=1
+    and the settings, so that its children trace themselves too) and config.ENV_RUNNER, which
+    the traced process takes out of its environment as it activates.
+    """
+    from importwatch import config
+
+    command = [sys.executable, *interpreter_flags()]
+    payload = config.to_runner(settings, warnings, len(command))
+    env = {**os.environ, **config.to_env(settings), config.ENV_RUNNER: payload}
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not None:
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+    os.execve(sys.executable, [*command, *target.describe()], env)

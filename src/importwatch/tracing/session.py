@@ -486,13 +486,42 @@ def activate_from_env() -> None:
     if _active is not None:
         return  # a .pth can run twice when site-packages is on sys.path twice
     try:
-        activate()
+        runner = os.environ.pop(config.ENV_RUNNER, None)  # and out of the C environment
+        if runner is None:
+            activate()
+        else:  # the runner exec'd this process: its settings, and the program's argv on the start line
+            settings, warnings, skip = config.from_runner(runner)
+            activate(settings, warnings, _command_line()[skip:])
     except Exception as error:
         message = f"[importwatch {os.getpid()}] ! tracing is off: {type(error).__name__}: {error}\n"
         try:
             os.write(2, message.encode("ascii", "backslashreplace"))
         except OSError:
             pass
+
+
+def _command_line() -> list[str]:
+    """This process's whole command line, the interpreter's flags included (3.9 has no sys.orig_argv)."""
+    orig_argv = getattr(sys, "orig_argv", None)
+    if orig_argv is not None:
+        return list(orig_argv)
+    fd = os.open("/proc/self/cmdline", os.O_RDONLY)
+    try:
+        data = b""
+        while True:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        os.close(fd)
+    return [os.fsdecode(word) for word in data.split(b"\0")[:-1]]
+
+
+def before_exec() -> None:
+    """This process becomes another program (the runner's exec): end tracing as at a normal exit."""
+    _at_exit()
+    deactivate()
 
 
 def deactivate() -> None:

@@ -1,0 +1,196 @@
+"""The runner execs the program's python: frames, warnings, start-up modules, flags and children as plain python's.
+
+Side by side: plain python, `python -m importwatch` and IMPORTWATCH=1. Where python
+cannot trace through the .pth (-I, -S), the runner runs the program in its own process.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers import ROOT, clean_env
+from test_side_by_side import RUNNER, _ours_removed, three_ways
+
+pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]  # every test here starts processes
+
+QUIET = ("--no-watcher", "--stderr", "none")
+
+
+# -- frames below the program ------------------------------------------------------------------
+STACKLEVEL = """\
+import logging, warnings
+logging.basicConfig(format="%(filename)s:%(lineno)d %(funcName)s %(message)s")
+warnings.warn("blame my importer's importer", stacklevel=3)
+logging.warning("logged", stacklevel=3)
+"""
+
+
+def test_a_warning_and_a_log_record_with_stacklevel_3_in_a_module_body_blame_what_plain_blames(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "mod.py").write_text(STACKLEVEL)
+    (tmp_path / "main.py").write_text("import mod\n")
+    runs = three_ways(["main.py"], tmp_path, runner_options=QUIET, IMPORTWATCH_STDERR="none")
+    plain = runs["plain"]
+    assert plain.stderr.startswith("sys:1: UserWarning: blame my importer's importer\n"), plain.stderr
+    for name in ("runner", "IMPORTWATCH=1"):
+        assert (runs[name].returncode, _ours_removed(runs[name].stderr)) == (0, plain.stderr), name
+
+
+STACK = """\
+import sys, traceback
+
+def depth(n=0):
+    try:
+        return depth(n + 1)
+    except RecursionError:
+        return n
+
+sys.setrecursionlimit(400)
+print([frame.filename for frame in traceback.extract_stack()], depth())
+"""
+
+
+def test_the_program_s_stack_and_recursion_depth_are_plain_python_s(tmp_path: Path) -> None:
+    """In the script's body: no frame of runpy's or ours below it, the same recursion left."""
+    (tmp_path / "main.py").write_text(STACK)
+    runs = three_ways(["main.py"], tmp_path, runner_options=QUIET, IMPORTWATCH_STDERR="none")
+    plain = runs["plain"]
+    assert plain.returncode == 0 and "main.py" in plain.stdout, plain.stderr
+    for name in ("runner", "IMPORTWATCH=1"):
+        assert (runs[name].returncode, runs[name].stdout) == (0, plain.stdout), (name, runs[name].stderr)
+
+
+def test_nested_imports_reach_as_deep_under_the_runner_as_under_importwatch_1(tmp_path: Path) -> None:
+    """Inside imports the tracer's one frame per import costs both alike; the runner adds nothing."""
+    chain = tmp_path / "chain"
+    chain.mkdir()
+    for level in range(300):
+        (chain / f"n{level}.py").write_text(f"import sys\nsys.deepest = {level}\nimport n{level + 1}\n")
+    (tmp_path / "main.py").write_text(
+        "import sys\nsys.path.insert(0, 'chain')\nsys.deepest = -1\nsys.setrecursionlimit(250)\n"
+        "try:\n    import n0\nexcept RecursionError:\n    pass\n"
+        "import mod\n"  # the stack inside a module body, importlib's frames and all
+        "print(sys.deepest)\n"
+    )  # fmt: skip
+    (tmp_path / "mod.py").write_text("import traceback\nprint(len(traceback.extract_stack()))\n")
+    runs = three_ways(["main.py"], tmp_path, runner_options=QUIET, IMPORTWATCH_STDERR="none")
+    assert runs["plain"].returncode == 0 and int(runs["plain"].stdout.split()[1]) > 10
+    assert runs["runner"].returncode == 0, runs["runner"].stderr
+    assert runs["runner"].stdout == runs["IMPORTWATCH=1"].stdout
+
+
+# -- what python loads before the program -------------------------------------------------------
+def _importtime_modules(text: str) -> set[str]:
+    return {
+        line.rsplit("|", 1)[1].split()[0] for line in text.splitlines() if line.startswith("import time:")
+    }
+
+
+def test_the_modules_runpy_would_have_loaded_are_in_the_runner_s_importtime_tree(tmp_path: Path) -> None:
+    code = "import json, email.parser, http.client"
+    plain = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", code],
+        cwd=tmp_path, capture_output=True, text=True, env=clean_env(), timeout=60,
+    )  # fmt: skip
+    start = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", "pass"],
+        cwd=tmp_path, capture_output=True, text=True, env=clean_env(), timeout=60,
+    )  # fmt: skip
+    expected = _importtime_modules(plain.stderr) - _importtime_modules(start.stderr)
+    assert {"collections", "functools", "operator", "itertools", "keyword", "reprlib"} <= expected
+    log = tmp_path / "run.log"
+    done = subprocess.run(
+        [*RUNNER, *QUIET, "--log", str(log), "-c", code],
+        cwd=tmp_path, capture_output=True, text=True, env=clean_env(), timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    report = subprocess.run(
+        [*RUNNER, "report", str(log), "--format", "importtime"],
+        cwd=tmp_path, capture_output=True, text=True, env=clean_env(), timeout=60,
+    )  # fmt: skip
+    assert sorted(expected - _importtime_modules(report.stdout)) == []
+
+
+# -- the environment, and the children ----------------------------------------------------------
+ENVIRONMENT = """\
+import os, subprocess, sys
+ours = sorted(name for name in os.environ if name.startswith("IMPORTWATCH"))
+seen = subprocess.run(["env"], capture_output=True, text=True).stdout.splitlines()  # the C environment
+child = subprocess.run([sys.executable, "-c", "print('child ran')"], capture_output=True, text=True)
+print(ours, os.environ["IMPORTWATCH_TIMEOUT"], os.environ["IMPORTWATCH_STDERR"])
+print(sorted(line.split("=")[0] for line in seen if line.startswith("IMPORTWATCH")))
+print(child.stdout.strip(), child.stderr.count("] start python"), "argv=['-c'" in child.stderr)
+"""
+
+
+def test_the_program_and_its_children_see_the_runner_s_settings_and_never_its_private_variable(
+    tmp_path: Path,
+) -> None:
+    """As the runner always gave them: IMPORTWATCH=1 and its settings (a user's own IMPORTWATCH_TIMEOUT
+    given as it merged), so that children trace themselves; the exec's own variable is gone."""
+    (tmp_path / "main.py").write_text(ENVIRONMENT)
+    done = subprocess.run(
+        [*RUNNER, "--no-watcher", "--stderr", "all", "main.py"],
+        cwd=tmp_path, capture_output=True, text=True, env=clean_env(IMPORTWATCH_TIMEOUT="7"), timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    variables = [
+        "IMPORTWATCH", "IMPORTWATCH_DUMP_ON_SIGUSR1", "IMPORTWATCH_EXIT_ON_STALL", "IMPORTWATCH_LOG",
+        "IMPORTWATCH_STDERR", "IMPORTWATCH_TIMEOUT",
+    ]  # fmt: skip
+    python_side, c_side, child = done.stdout.splitlines()
+    assert python_side == f"{variables} 7.0 all"
+    assert c_side == str(variables)
+    # The child is traced as IMPORTWATCH=1 traces any python (its start line shows its whole command
+    # line), not as the runner's program.
+    assert child == "child ran 1 False"
+    assert "argv=['main.py']" in done.stderr
+
+
+# -- the interpreter's flags ---------------------------------------------------------------------
+FLAGS = "import sys; print(bool(sys.flags.dont_write_bytecode), sys.flags.optimize, sys.warnoptions, sys._xoptions.get('importtime')); import json"
+
+
+def test_the_interpreter_s_flags_reach_the_program(tmp_path: Path) -> None:
+    flags = ["-B", "-O", "-W", "error", "-X", "importtime"]
+    plain = subprocess.run(
+        [sys.executable, *flags, "-c", FLAGS],
+        cwd=tmp_path, capture_output=True, text=True, env=clean_env(), timeout=60,
+    )  # fmt: skip
+    traced = subprocess.run(
+        [sys.executable, *flags, "-m", "importwatch", *QUIET, "-c", FLAGS],
+        cwd=tmp_path, capture_output=True, text=True, env=clean_env(), timeout=60,
+    )  # fmt: skip
+    assert plain.stdout == "True 1 ['error'] True\n", plain.stderr
+    assert (traced.returncode, traced.stdout) == (0, plain.stdout), traced.stderr
+    # -X importtime: the program's process times its own imports (after those of the runner's start).
+    assert "import time:" in traced.stderr and traced.stderr.rstrip().endswith("| json")
+
+
+# -- where the exec cannot trace: the program runs in the runner's process -----------------------
+@pytest.mark.parametrize("flag", ["-I", "-S"])
+def test_under_a_flag_that_stops_the_pth_the_runner_traces_in_its_own_process(
+    tmp_path: Path, flag: str
+) -> None:
+    code = "import sys, json; print(sys.flags.isolated, sys.flags.no_site, sys.argv)"
+    env = clean_env(PYTHONPATH=str(ROOT / "src")) if flag == "-S" else clean_env()  # -S: no site-packages
+    plain = subprocess.run(
+        [sys.executable, flag, "-c", code, "x"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    traced = subprocess.run(
+        [sys.executable, flag, "-m", "importwatch", "--no-watcher", "-c", code, "x"],
+        cwd=tmp_path, capture_output=True, text=True, env=env, timeout=60,
+    )  # fmt: skip
+    assert plain.returncode == 0 and "['-c', 'x']" in plain.stdout, plain.stderr
+    assert (traced.returncode, traced.stdout) == (0, plain.stdout), traced.stderr
+    assert "] start python" in traced.stderr and "] > json\n" in traced.stderr
