@@ -418,3 +418,32 @@ def test_a_log_descriptor_taken_over_between_two_imports_gets_none_of_the_next_l
     for name in ("runner", "IMPORTWATCH=1"):
         assert "] > quick2\n" in runs[name].stderr, runs[name].stderr
         assert runs[name].stderr.count("the program closed or replaced the log file's descriptor") == 1
+
+
+# -- nothing of ours in the program's log --------------------------------------------------------
+NATIVE = "import readline, ctypes\nctypes.CDLL(None).getpid()\n"
+
+
+@pytest.mark.parametrize("way", ["runner", "IMPORTWATCH=1", "pytest -p importwatch"])
+def test_no_module_of_ours_appears_in_the_log_of_a_program_that_loads_extensions(
+    tmp_path: Path, way: str
+) -> None:
+    """Our facts modules load at the first dlopen, by import_own; pytest's assertion rewriter runs
+    their bodies for `-p importwatch` too, and that must not make them the program's imports."""
+    log = tmp_path / "run.log"
+    (tmp_path / "test_native.py").write_text(NATIVE + "def test_loads():\n    pass\n")
+    env = {"IMPORTWATCH_LOG": str(log), "IMPORTWATCH_STDERR": "none"}
+    if way == "runner":
+        command = [*RUNNER, "--no-watcher", "--stderr", "none", "--log", str(log), "-c", NATIVE]
+        env = {}
+    elif way == "IMPORTWATCH=1":
+        command, env["IMPORTWATCH"] = [sys.executable, "-c", NATIVE], "1"
+    else:
+        command = [sys.executable, "-m", "pytest", "-q", "-p", "importwatch", "-p", "no:cacheprovider", "test_native.py"]  # fmt: skip
+    done = subprocess.run(
+        command, cwd=tmp_path, capture_output=True, text=True, env=clean_env(**env), timeout=90
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    text = log.read_text()
+    assert "> readline" in text and "dlopen" in text
+    assert [line for line in text.splitlines() if "> importwatch." in line or "< importwatch." in line] == []

@@ -33,6 +33,8 @@ from importwatch.tracing.forklocks import forgotten_in_parent, note_locks_at_for
 from importwatch.tracing.hook import WAITING, TracedStep, as_importlib_frame
 from importwatch.tracing.sink import CLOCKS
 
+_OURS = ("importwatch.", "_importwatch_boot")  # the package itself is imported before tracing starts
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable
@@ -111,7 +113,13 @@ class Doors:
 
     # -- running one event ---------------------------------------------------------------
     def _run(self, frame: DoorStep, function: Callable, *args: Any) -> Any:
-        """FUNCTION(*ARGS) as the event FRAME: its start line, then its end line however it ends."""
+        """FUNCTION(*ARGS) as the event FRAME: its start line, then its end line however it ends.
+
+        Never for a module of ours: Tracer.import_own passes the hook by, but a loader class wrapped
+        here (pytest's assertion rewriter, which `-p importwatch` puts on our package) still runs its body.
+        """
+        if frame.name.startswith(_OURS):
+            return function(*args)
         tracer = self.tracer
         sink = tracer.sink
         stack, fresh = tracer.thread_stack()
