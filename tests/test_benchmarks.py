@@ -45,7 +45,9 @@ def test_quickest_run_gives_every_figure_in_json(tmp_path):
     has_strace = shutil.which("strace") is not None
     for name, imports in (("tree", 20 + 1 + 1), ("chain", 5)):
         work = result["workloads"][name]
-        assert work["imports"] == imports
+        # Plus what the venv's other .pth files import at start-up (setuptools' _distutils_hack):
+        # tracing starts in site, before them, under the runner as under IMPORTWATCH=1.
+        assert imports <= work["imports"] <= imports + 2
         for mode in TRACED:
             row = work["modes"][mode]
             assert {"ratio_wall", "ratio_cpu", "added_sys_ms", "added_minflt", "majflt"} <= set(row)
