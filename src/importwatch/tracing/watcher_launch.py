@@ -64,7 +64,19 @@ def launch(sink: Sink, settings: Settings) -> str | None:
     start = _start_time(pid)
     # -B: the watcher writes no .pyc (into an editable install's source tree, say): a program run
     # with -B or PYTHONDONTWRITEBYTECODE=1 writes none, and one run without it writes its own.
-    argv = [executable, "-I", "-S", "-B", "-c", _BOOT, _PACKAGE_ROOT, "--pid", str(pid), "--feed", str(read_fd)]
+    argv = [
+        executable,
+        "-I",
+        "-S",
+        "-B",
+        "-c",
+        _BOOT,
+        _PACKAGE_ROOT,
+        "--pid",
+        str(pid),
+        "--feed",
+        str(read_fd),
+    ]
     argv += ["--start", str(start)]
     # The watcher writes to the descriptor the program opened, never re-opens the path: in a shared
     # folder the name may point elsewhere by then. The path it is given names that file.
