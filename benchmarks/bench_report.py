@@ -35,7 +35,7 @@ _LOOP += "    for line in file:\n        count += 1\nprint(count)\n"
 _FLOOR = """
 import sys, time
 from importwatch.tools.report.fastread import JSON_LINE, TEXT_LINE
-from importwatch.tools.report.timeline import chunks, open_log
+from importwatch.tools.report.logread import chunks, open_log
 path, pattern = sys.argv[1], JSON_LINE if sys.argv[2] == "jsonl" else TEXT_LINE
 def loop():
     with open(path, encoding="utf-8", errors="replace") as file:

@@ -18,8 +18,6 @@ LIMIT = 600
 OVER_LIMIT = {
     "importwatch/watcher/loop.py": 29,
     "importwatch/tracing/watchdog.py": 29,
-    "importwatch/tools/report/command.py": 29,
-    "importwatch/tools/report/timeline.py": 29,
 }
 
 

@@ -20,7 +20,8 @@ import pytest
 from importwatch.events import SIGNAL
 from importwatch.events.read import BadLine
 from importwatch.tools.report import command as report_module
-from importwatch.tools.report.timeline import Skipped, Timeline, read_events
+from importwatch.tools.report.logread import Skipped, read_events
+from importwatch.tools.report.timeline import Timeline
 from test_report_logs import _bench
 
 pytestmark = pytest.mark.slow  # every test here starts processes

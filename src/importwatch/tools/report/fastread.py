@@ -17,17 +17,8 @@ import re
 
 from importwatch.events import IMPORT, MAX_LINE, MAX_MS, MAX_TIME, NATIVE, SIGNAL
 from importwatch.events.read import BadLine, Event
-from importwatch.tools.report.timeline import (
-    MAX_DEPTH,
-    Node,
-    Process,
-    Skipped,
-    Timeline,
-    chunks,
-    not_a_log,
-    open_log,
-    take_line,
-)
+from importwatch.tools.report.logread import Skipped, chunks, not_a_log, open_log, take_line
+from importwatch.tools.report.timeline import MAX_DEPTH, Node, Process, Timeline
 
 # Text: pid (and rank) as one key, clock, thread; then a start (`dlopen ` for a native load, its name
 # or path) or an end (`dlopen `, name, ms, an import's failure). A native load's path is one word here

@@ -22,7 +22,8 @@ from importlib import resources
 from importwatch.events import BUSY, IMPORT, NATIVE, OUTSIDE, PHASE, STALL
 from importwatch.events.read import Event
 from importwatch.tools.report.fastread import read_summary
-from importwatch.tools.report.timeline import NOTES, Ending, Node, Process, Skipped, Thread, Timeline, place
+from importwatch.tools.report.logread import Skipped
+from importwatch.tools.report.timeline import NOTES, Ending, Node, Process, Thread, Timeline, place
 
 # A step's kind as the page's rows give it (page.js's KINDS has the same order).
 _KIND_CODES = {IMPORT: 0, NATIVE: 1, PHASE: 2}  # anything else: a blocking step (3)
