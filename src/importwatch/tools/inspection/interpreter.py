@@ -16,20 +16,37 @@ if TYPE_CHECKING:
 
 INTERPRETER_TIMEOUT = 15.0
 
-# Run by the target's own interpreter with -S: its version and search path, as site would
-# make it, the .pth files read for their folders but none of their code run.
+# Run by the target's own interpreter with -S: its version and search path, as site would make it,
+# with no .pth code run: site.venv() and site.addsitedir() would run every `import` line of the
+# environment's .pth files (one that hangs is what inspect may be looking at). pyvenv.cfg and the
+# .pth files are read as text here instead, as site reads them.
 _PATH_SCRIPT = r"""
 import json, os, site, sys
-known = set()
-if hasattr(site, "venv"):
-    site.venv(known)
+exe_dir = os.path.dirname(os.path.abspath(sys.executable))
+prefixes, system_site = [], True
+for conf in (os.path.join(exe_dir, "pyvenv.cfg"), os.path.join(os.path.dirname(exe_dir), "pyvenv.cfg")):
+    if os.path.isfile(conf):
+        prefixes.append(os.path.dirname(exe_dir))
+        system_site = False
+        try:
+            with open(conf, encoding="utf-8", errors="replace") as file:
+                for line in file.read(1 << 16).splitlines():
+                    key, equals, value = line.partition("=")
+                    if equals and key.strip().lower() == "include-system-site-packages":
+                        system_site = value.strip().lower() == "true"
+        except OSError:
+            pass
+        break
+if system_site:
+    prefixes += [sys.base_prefix, sys.base_exec_prefix]
 dirs = []
 try:
-    dirs += site.getsitepackages()
+    dirs += site.getsitepackages(prefixes)
 except AttributeError:
     pass
-# -I turns the user site off here; the program has it unless it runs in a venv or PYTHONNOUSERSITE.
-if sys.prefix == sys.base_prefix and not os.environ.get("PYTHONNOUSERSITE"):
+# -I turns the user site off here; the program has it unless its venv leaves out the system's
+# site-packages, or PYTHONNOUSERSITE is set.
+if system_site and not os.environ.get("PYTHONNOUSERSITE"):
     dirs.append(site.getusersitepackages())
 path = list(sys.path)
 for folder in dirs:
@@ -52,7 +69,7 @@ for folder in dirs:
                 entry = os.path.join(folder, line)
                 if os.path.isdir(entry):
                     path.append(entry)
-print(json.dumps({"version": sys.version.split()[0], "path": path, "prefix": sys.prefix}))
+print(json.dumps({"version": sys.version.split()[0], "path": path}))
 """
 
 
