@@ -18,7 +18,10 @@ _waiting = False  # a later .pth is awaited already (site may run this .pth twic
 
 def activate() -> None:
     global _waiting
-    if _waiting or _activated():
+    if _waiting:
+        return
+    if _activated():
+        _trace_pth_lines(sys.modules.get("site"))
         return
     site = sys.modules.get("site")
     addpackage = getattr(site, "addpackage", None)
@@ -31,6 +34,7 @@ def activate() -> None:
         result = addpackage(*args, **kwargs)
         if site.addpackage is addpackage_then_activate and _activated():
             site.addpackage = addpackage
+            _trace_pth_lines(site)
         return result
 
     site.addpackage = addpackage_then_activate
@@ -59,7 +63,7 @@ class _LastChance:
 def _activated() -> bool:
     """Activate if importwatch can be imported now; False when it cannot be found (yet)."""
     try:
-        from importwatch.tracing import session
+        from importwatch.tracing import pthlines, session  # noqa: F401 (pthlines: loaded before tracing)
     except ModuleNotFoundError as error:
         if error.name == "importwatch":
             return False
@@ -70,6 +74,18 @@ def _activated() -> bool:
         return True
     session.activate_from_env()
     return True
+
+
+def _trace_pth_lines(site) -> None:
+    """Each .pth import line that site runs from now on becomes a step of the trace (its file and line)."""
+    if getattr(site, "addpackage", None) is None:
+        return
+    try:
+        from importwatch.tracing import pthlines
+
+        pthlines.watch(site, site.addpackage)
+    except Exception as error:
+        _say(error)
 
 
 def _say(error: BaseException) -> None:

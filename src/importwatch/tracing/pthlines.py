@@ -1,0 +1,94 @@
+"""The .pth import lines site runs once tracing is on, each as a step: which file and line ran an import.
+
+site runs a .pth file's `import` lines with `exec(line)` inside `site.addpackage`,
+before the program starts; a line that blocks hangs Python there. Each such line
+becomes a step `> step .pth /path/x.pth:3`, so the imports it makes nest under it
+and a stall report's chain names the file and the line. Only `site.addpackage` is
+wrapped (site looks it up by name for each .pth), and only while a .pth is read is
+`exec` looked up through us: imports outside site pay nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from importwatch.events import STEP, STEP_END
+from importwatch.tracing import phases
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from types import ModuleType
+    from typing import Any, Callable
+
+STEP_NAME = ".pth"
+_MARK = "_importwatch_pth"  # on our wrapper: site.addpackage is wrapped already
+# site's loop counts lines from 1 since 3.13, from 0 before.
+_FIRST_LINE = 0 if sys.version_info >= (3, 13) else 1
+
+
+def watch(site: ModuleType, addpackage: Callable[..., Any]) -> None:
+    """From now on, each .pth file that site's ADDPACKAGE reads runs its import lines as steps."""
+    if getattr(site.addpackage, _MARK, False):
+        return  # a .pth can run twice
+
+    def addpackage_traced(sitedir: str, name: str, known_paths: Any) -> Any:
+        if phases._tracer is None:
+            return addpackage(sitedir, name, known_paths)
+        path = os.path.join(sitedir, name)
+        namespace = site.__dict__
+        # exec is a builtin that site's addpackage looks up in its module first: ours, for this file.
+        before = namespace.get("exec", _MISSING)
+        namespace["exec"] = _traced_exec(path)
+        try:
+            return addpackage(sitedir, name, known_paths)
+        finally:
+            if before is _MISSING:
+                namespace.pop("exec", None)
+            else:
+                namespace["exec"] = before
+
+    setattr(addpackage_traced, _MARK, True)
+    site.addpackage = addpackage_traced
+
+
+_MISSING = object()
+
+
+def _context(where: str, source: Any) -> str:
+    """What a stall report says about a .pth line in flight."""
+    code = str(source).strip()
+    code = code if len(code) <= 120 else code[:117] + "..."
+    return (
+        f"site runs line {where} before the program starts: {code}; "
+        "python -m importwatch cannot start past it (IMPORTWATCH=1 sees it): fix or remove that line"
+    )
+
+
+def _traced_exec(path: str) -> Callable[..., None]:
+    def exec_line(source: Any, *args: Any) -> None:
+        tracer = phases._tracer
+        if args or tracer is None:
+            exec(source, *args)  # not site's call: as the builtin would
+            return
+        caller = sys._getframe(1)
+        # exec(line) in a function runs in the caller's globals and a copy of its locals: so here.
+        scope = (caller.f_globals, dict(caller.f_locals))
+        number = caller.f_locals.get("n")
+        where = f"{path}:{number + _FIRST_LINE}" if isinstance(number, int) else path
+        frame, depth = tracer.push(f"step {STEP_NAME} {where}", "step")
+        frame.context = lambda: [_context(where, source)]
+        try:  # from the push on: whatever fails, ours or the line's, the step is popped
+            tracer.write(STEP, {"name": STEP_NAME, "detail": where}, depth)
+            exec(source, *scope)
+        except BaseException as error:
+            now = tracer.pop(frame)
+            ms = (now - frame.start) * 1000.0
+            tracer.write(
+                STEP_END, {"name": STEP_NAME, "ms": ms, "error": f"{type(error).__name__}: {error}"}, depth
+            )
+            raise
+        now = tracer.pop(frame)
+        tracer.write(STEP_END, {"name": STEP_NAME, "ms": (now - frame.start) * 1000.0}, depth)
+
+    return exec_line
