@@ -13,6 +13,7 @@ import os
 import socket
 import struct
 
+from importwatch.facts import resolver
 from importwatch.facts.process import ThreadSample, command_of, read_file, read_memory
 
 _read = read_file
@@ -179,6 +180,8 @@ def describe_socket(pid: int, inode: int) -> str:
                 if state == "0A":
                     return f"a {kind} socket listening on {local}"
                 words = _TCP_STATES.get(state, state) if kind == "TCP" else ""
+                if kind == "UDP" and resolver.is_dns_peer(peer):
+                    words = "(" + resolver.lookup(None, resolver.server_of(peer), None, pid) + ")"
                 return f"a {kind} socket {local} -> {peer} {words}".rstrip()
     data = _read(f"/proc/{pid}/net/unix", 1 << 24) or b""
     for line in data.decode("utf-8", "replace").splitlines()[1:]:

@@ -103,3 +103,33 @@ def _holder_waits_for(frame: object, waiter: int) -> str | None:
 def thread_names(thread_name: Callable[[int], str]) -> str:
     """Each Python thread as faulthandler prints it (0x and 16 hex digits) and by its name."""
     return ", ".join(f"0x{ident:016x} {thread_name(ident)}" for ident in sorted(sys._current_frames()))
+
+
+def lookups(
+    chains: dict[int, list[TracedStep]], now: float, thread_name: Callable[[int], str], import_own: Callable
+) -> list[str]:
+    """One line per thread in flight whose innermost Python frame is socket.getaddrinfo: the host it
+    resolves, the nameserver asked (facts/resolver.py, imported only then) and for how long."""
+    socket = sys.modules.get("socket")
+    filename = getattr(socket, "__file__", None)
+    if filename is None:
+        return []
+    lines = []
+    frames = sys._current_frames()
+    for ident, chain in chains.items():
+        frame = frames.get(ident)
+        code = getattr(frame, "f_code", None)
+        if code is None or code.co_name != "getaddrinfo" or code.co_filename != filename:
+            continue
+        host = frame.f_locals.get("host")  # type: ignore[union-attr]
+        if isinstance(host, bytes):
+            host = host.decode("ascii", "backslashreplace")
+        resolver = import_own("importwatch.facts.resolver")
+        servers = resolver.queried()
+        text = resolver.lookup(
+            host if isinstance(host, str) and host else None,
+            servers[0] if servers else None,
+            now - chain[-1].progress,
+        )
+        lines.append(f"{thread_name(ident)} waits in a {text}")
+    return lines

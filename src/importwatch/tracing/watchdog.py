@@ -410,6 +410,7 @@ class Watchdog:
         for line in lines[1:]:
             sink.event(STALL_THREAD, {"chain": line})
         context = self._context(chains[culprit], now) + stalls.deadlocks(waits, sink.thread_name)
+        context += stalls.lookups(chains, now, sink.thread_name, self.tracer.import_own)
         for line in context:
             sink.event(STALL_CONTEXT, {"context": line})
         share = self._cpu_share(culprit)
