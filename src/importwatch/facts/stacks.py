@@ -28,6 +28,8 @@ HELPER_TIMEOUT = 60.0
 BOOTSTRAP = ("<frozen importlib._bootstrap>", "<frozen importlib._bootstrap_external>")
 # importlib's functions whose first argument is the module name an import is for.
 NAMED = ("_find_and_load", "_find_and_load_unlocked", "_lock_unlock_module")
+# Frames whose arguments and locals say what a thread waits for (tools/inspection/waitfor.py).
+KEPT = ("addpackage", "getaddrinfo")
 # The markers gdb_frames.py prints: one thread, one frame, the end and how it went.
 THREAD, FRAME, END = "@@importwatch-thread", "@@importwatch-frame", "@@importwatch-end"
 # The notes of a Python-frame reader that read nothing, dropped once another one read them.
@@ -40,13 +42,21 @@ _GDB_END = "@@importwatch: end of stacks@@"
 class StackFrame:
     """One Python frame: function, file, line (None when unknown), the module name importlib was given."""
 
-    __slots__ = ("argument", "filename", "function", "line")
+    __slots__ = ("argument", "filename", "function", "line", "values")
 
     def __init__(self, function: str, filename: str, line: int | None = None, argument: str = "") -> None:
         self.function = function
         self.filename = filename
         self.line = line
         self.argument = argument
+        self.values: dict[str, str] = {}  # arguments and locals as printed, for the KEPT functions
+
+    def keep(self, stripped: str) -> None:
+        """Keep a `name: value` line of the frame's arguments or locals, when its function is KEPT."""
+        if self.function.rsplit(".", 1)[-1] in KEPT:
+            name, colon, value = stripped.partition(": ")
+            if colon:
+                self.values.setdefault(name, value.strip("\"'"))
 
     @property
     def in_importlib(self) -> bool:
@@ -449,9 +459,10 @@ def parse_pyspy(out: str, stacks: Stacks) -> None:
             section = ""
         elif stripped in ("Arguments:", "Locals:"):
             section = stripped
-        elif section == "Arguments:" and stripped.startswith("name: ") and frames:
+        elif section and frames:
             frame = frames[-1]
-            if frame.function.endswith(NAMED):
+            frame.keep(stripped)
+            if section == "Arguments:" and stripped.startswith("name: ") and frame.function.endswith(NAMED):
                 frame.argument = stripped[6:].strip('"')
 
 
@@ -493,9 +504,10 @@ def parse_pystack(out: str, stacks: Stacks) -> None:
             section = ""
         elif stripped in ("Arguments:", "Locals:"):
             section = stripped
-        elif section == "Arguments:" and stripped.startswith("name: ") and frames:
+        elif section and frames:
             frame = frames[0]
-            if frame.function.endswith(NAMED):
+            frame.keep(stripped)
+            if section == "Arguments:" and stripped.startswith("name: ") and frame.function.endswith(NAMED):
                 frame.argument = stripped[6:].strip('"')
     for tid in [tid for tid, lines in stacks.native.items() if not lines]:
         del stacks.native[tid]

@@ -89,6 +89,8 @@ def _thread(thread: dict) -> list[str]:
     lines = [body + (f"; {thread['waits_on']}" if thread["waits_on"] else "")]
     if thread["chain"]:
         lines.append(f"    import in flight: {' > '.join(thread['chain'])}")
+    if thread.get("waits_for"):
+        lines.append(f"    {thread['waits_for']}")
     load = thread.get("load")
     if thread["doing"] and not load:
         held = f", held by {thread['lock_holder']}" if thread.get("lock_holder") else ""

@@ -29,6 +29,8 @@ def hang_problems(
         idle = f", no CPU for {thread['last_ran']:.1f} s" if thread.get("last_ran") is not None else ""
         if thread["chain"] and thread["verdict"] == process.WAITING:
             problems.append(f"{label} hangs in import {' > '.join(thread['chain'])} {_where(thread, idle)}")
+        elif thread.get("waits_for") and thread["verdict"] == process.WAITING:
+            problems.append(f"{label} waits ({thread['verdict']}{idle}): {thread['waits_for']}")
         elif thread.get("load") and thread["verdict"] == process.WAITING:
             load = thread["load"]
             problems.append(
@@ -62,6 +64,8 @@ def _where(thread: dict, idle: str) -> str:
         if load["initialising"] and load["initialising"] != load["file"]:
             text += f", initialising {load['initialising']}"
         return text
+    if thread.get("waits_for"):
+        return text + f": {thread['waits_for']}"
     if thread.get("doing"):
         return text + f": {thread['doing']}"
     return text

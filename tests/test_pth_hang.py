@@ -1,0 +1,159 @@
+"""A .pth whose import line blocks hangs Python in site, before the program: named by file and line.
+
+The venv is made here (python -m venv, no pip) with importwatch installed the way an editable
+install does it: 00-importwatch.pth and _importwatch_boot.py in site-packages, the checkout's src
+folder on a path line of a .pth that sorts later.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import venv
+from pathlib import Path
+
+import pytest
+
+from helpers import ROOT, Running, clean_env
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+
+PYSPY = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or shutil.which("py-spy")
+
+
+@pytest.fixture(scope="module")
+def env_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    env_dir = tmp_path_factory.mktemp("venv-pth")
+    venv.create(env_dir, with_pip=False, system_site_packages=False)
+    site = _site(env_dir)
+    shutil.copy(ROOT / "src" / "importwatch.pth", site / "00-importwatch.pth")
+    shutil.copy(ROOT / "src" / "_importwatch_boot.py", site / "_importwatch_boot.py")
+    (site / "_editable_impl_importwatch.pth").write_text(f"{ROOT / 'src'}\n")
+    return env_dir
+
+
+def _python(env_dir: Path) -> str:
+    return str(env_dir / "bin" / "python")
+
+
+def _site(env_dir: Path) -> Path:
+    return next((env_dir / "lib").glob("python3*/site-packages"))
+
+
+@pytest.fixture
+def hanging_pth(env_dir: Path, tmp_path: Path):
+    """hanging_pth(LINE) adds zz-hang.pth to the venv, its LINE third (a comment and a path first)."""
+    added: list[Path] = []
+
+    def _add(line: str) -> Path:
+        modules = tmp_path / "mods"
+        modules.mkdir(exist_ok=True)
+        (modules / "hangmod.py").write_text("import time\ntime.sleep(120)\n")
+        pth = _site(env_dir) / "zz-hang.pth"
+        pth.write_text(f"# a comment\n{modules}\n{line}\n")
+        added.append(pth)
+        return pth
+
+    yield _add
+    for path in added:
+        path.unlink()
+
+
+@pytest.mark.parametrize("line", ["import hangmod", "import time; time.sleep(120)"])
+def test_a_stall_in_a_pth_line_names_the_file_and_line(
+    env_dir: Path, hanging_pth, tmp_path: Path, line: str
+) -> None:
+    pth = hanging_pth(line)
+    env = clean_env(IMPORTWATCH="1", IMPORTWATCH_TIMEOUT="1")
+    run = Running([_python(env_dir), "-c", "print('never')"], tmp_path, env)
+    try:
+        run.wait_for("STALL", 60)
+        run.wait_for("context: site runs line", 30)
+    finally:
+        run.kill()
+    stall = next(text for text in run.stderr.splitlines() if "STALL" in text)
+    assert f"step .pth {pth}:3" in stall, run.stderr
+    assert f"> step .pth {pth}:3" in run.stderr
+    if line == "import hangmod":
+        assert stall.endswith(("1.0 s)", "1.1 s)")) and "> hangmod" in stall, stall
+    assert "python -m importwatch cannot start past it" in run.stderr
+
+
+def test_a_pth_line_that_returns_is_a_step_that_ends(env_dir: Path, hanging_pth) -> None:
+    pth = hanging_pth("import json")
+    plain = subprocess.run(
+        [_python(env_dir), "-c", "print('ran')"], capture_output=True, text=True, env=clean_env()
+    )
+    traced = subprocess.run(
+        [_python(env_dir), "-c", "print('ran')"],
+        capture_output=True,
+        text=True,
+        env=clean_env(IMPORTWATCH="1"),
+    )
+    assert plain.stdout == traced.stdout == "ran\n" and traced.returncode == plain.returncode == 0
+    lines = traced.stderr.splitlines()
+    start = next(i for i, text in enumerate(lines) if text.endswith(f"> step .pth {pth}:3"))
+    assert lines[start + 1].endswith("  > json"), lines[start:]
+    assert any(text.split("] ", 1)[1].startswith("< step .pth ") for text in lines[start + 2 :])
+
+
+@pytest.mark.skipif(PYSPY is None, reason="py-spy is not installed")
+def test_inspect_says_site_runs_that_pth_line(env_dir: Path, hanging_pth, tmp_path: Path) -> None:
+    pth = hanging_pth("import hangmod")
+    process = subprocess.Popen(
+        [_python(env_dir), "-c", "print('never')"], env=clean_env(), stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while "hangmod" not in _maps_or_fds(process.pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        env = clean_env(PATH=f"{Path(PYSPY).parent}:{os.environ.get('PATH', '')}")
+        done = subprocess.run(
+            [sys.executable, "-m", "importwatch", "inspect", str(process.pid)],
+            capture_output=True, text=True, timeout=120, env=env, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+    finally:
+        process.kill()
+        process.wait()
+    assert f"in site, before the program starts: running line 3 of {pth}" in done.stdout, done.stdout
+    assert "could not ask" not in done.stdout, done.stdout
+
+
+def _maps_or_fds(pid: int) -> str:
+    """What shows the process reached hangmod: its cmdline never changes, so its open files tell."""
+    try:
+        return " ".join(os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return ""
+
+
+def test_inspect_runs_none_of_the_targets_pth_code(env_dir: Path, tmp_path: Path) -> None:
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    pth = _site(env_dir) / "zz-mark.pth"
+    # Every interpreter that runs this line leaves a file named by its pid.
+    pth.write_text(f"import os; open(os.path.join({str(marks)!r}, str(os.getpid())), 'w').close()\n")
+    process = subprocess.Popen(
+        [_python(env_dir), "-c", "import time; time.sleep(120)"], env=clean_env(),
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while not (marks / str(process.pid)).exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        done = subprocess.run(
+            [sys.executable, "-m", "importwatch", "inspect", str(process.pid), "--json"],
+            capture_output=True, text=True, timeout=120, env=clean_env(), stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+    finally:
+        process.kill()
+        process.wait()
+        pth.unlink()
+    assert sorted(os.listdir(marks)) == [str(process.pid)], done.stdout
+    # Its search path was still learnt, .pth path lines included: importwatch is found there.
+    assert "install" not in json.loads(done.stdout)["rerun"], done.stdout
