@@ -14,6 +14,7 @@ import os
 import sys
 
 _waiting = False  # a later .pth is awaited already (site may run this .pth twice)
+_pthlines = None  # importwatch.tracing.pthlines, once importwatch is found
 
 
 def activate() -> None:
@@ -63,7 +64,7 @@ class _LastChance:
 def _activated() -> bool:
     """Activate if importwatch can be imported now; False when it cannot be found (yet)."""
     try:
-        from importwatch.tracing import pthlines, session  # noqa: F401 (pthlines: loaded before tracing)
+        from importwatch.tracing import session
     except ModuleNotFoundError as error:
         if error.name == "importwatch":
             return False
@@ -72,24 +73,27 @@ def _activated() -> bool:
     except Exception as error:
         _say(error)
         return True
+    global _pthlines
+    try:  # imported before tracing starts: its import is not one of the program's
+        from importwatch.tracing import pthlines as _pthlines
+    except ImportError:
+        pass  # an importwatch older than this file: its .pth lines go untraced
     session.activate_from_env()
     return True
 
 
 def _trace_pth_lines(site) -> None:
     """Each .pth import line that site runs from now on becomes a step of the trace (its file and line)."""
-    if getattr(site, "addpackage", None) is None:
+    if _pthlines is None or getattr(site, "addpackage", None) is None:
         return
     try:
-        from importwatch.tracing import pthlines
-
-        pthlines.watch(site, site.addpackage)
+        _pthlines.watch(site, site.addpackage)
     except Exception as error:
-        _say(error)
+        _say(error, "its .pth lines are not traced")
 
 
-def _say(error: BaseException) -> None:
-    message = f"[importwatch {os.getpid()}] ! tracing is off: {type(error).__name__}: {error}\n"
+def _say(error: BaseException, what: str = "tracing is off") -> None:
+    message = f"[importwatch {os.getpid()}] ! {what}: {type(error).__name__}: {error}\n"
     try:
         os.write(2, message.encode("ascii", "backslashreplace"))
     except OSError:

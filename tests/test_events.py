@@ -350,6 +350,11 @@ def test_the_inline_lines_of_a_traced_program_are_what_render_makes_of_their_fie
     done = subprocess.run(command, env=clean_env(), capture_output=True, text=True, timeout=50)
     assert done.returncode == 0, done.stderr
     records = [json.loads(line) for line in log.read_text().splitlines()]
+    # The .pth lines site runs are steps the imports they make nest under: a depth of theirs.
+    outer = {index for index, record in enumerate(records) if record["kind"] == events.STEP}
+    ends = [index for index, record in enumerate(records) if record["kind"] == events.STEP_END]
+    depth_at = [sum(s < i for s in outer) - sum(e < i for e in ends) for i in range(len(records))]
+    depths = [depth_at[i] for i, record in enumerate(records) if record["kind"] in _LINE_KINDS]
     records = [record for record in records if record["kind"] in _LINE_KINDS]
     texts = [read_line(line) for line in done.stderr.splitlines()]
     texts = [event for event in texts if event is not None and event.kind in _LINE_KINDS]
@@ -359,7 +364,7 @@ def test_the_inline_lines_of_a_traced_program_are_what_render_makes_of_their_fie
     assert any(not record.get("name", "").isascii() for record in records)  # a name the line escapes
     assert any(record.get("error") for record in records if record["kind"] == events.IMPORT_END)
     in_flight: list[str] = []  # the nesting, from the starts and ends alone (one thread)
-    for record, text in zip(records, texts):
+    for record, text, outside in zip(records, texts, depths):
         kind = record["kind"]
         fields = {
             key: value
@@ -368,7 +373,7 @@ def test_the_inline_lines_of_a_traced_program_are_what_render_makes_of_their_fie
         }
         if kind in (events.IMPORT_END, events.NATIVE_END):
             in_flight.pop()
-        expected = events.escape(events.render(kind, fields, len(in_flight)))
+        expected = events.escape(events.render(kind, fields, outside + len(in_flight)))
         if kind in (events.IMPORT, events.NATIVE):
             in_flight.append(kind)
         assert record["text"] == expected
