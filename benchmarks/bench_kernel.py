@@ -50,8 +50,9 @@ MODES = ("plain", "runner log", "runner stalls", "env log", "env stalls")
 LIMIT_S = 900.0  # one process; a run past it is reported as failed, never waited on forever
 PROBE_DEPTH = 600  # longer than any chain the default recursion limit lets nest
 PROBE_LIMIT = 1000  # Python's default recursion limit
-# Start lines of imports in the text log; native loads ("> dlopen PATH") are not imports.
-_IMPORT_LINE = re.compile(r"^\[importwatch [^\]]*\] +> (?!dlopen )", re.MULTILINE)
+# Start lines of imports in the text log; native loads ("> dlopen PATH") and steps ("> step .pth
+# FILE:LINE", site running a .pth line) are not imports.
+_IMPORT_LINE = re.compile(r"^\[importwatch [^\]]*\] +> (?!dlopen |step |phase )", re.MULTILINE)
 _SYSCALL = re.compile(r"^([a-z_0-9]+)\(")
 _RETURN = re.compile(r"= (\d+)$")
 
