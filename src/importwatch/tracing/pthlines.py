@@ -22,6 +22,9 @@ if TYPE_CHECKING:
     from typing import Any, Callable
 
 STEP_NAME = ".pth"
+# What pyproject.toml installs: the .pth that switches tracing on. Its own line (site may run it
+# twice) is ours, never a step in the program's log.
+OUR_PTH = "00-importwatch.pth"
 _MARK = "_importwatch_pth"  # on our wrapper: site.addpackage is wrapped already
 # site's loop counts lines from 1 since 3.13, from 0 before.
 _FIRST_LINE = 0 if sys.version_info >= (3, 13) else 1
@@ -33,7 +36,7 @@ def watch(site: ModuleType, addpackage: Callable[..., Any]) -> None:
         return  # a .pth can run twice
 
     def addpackage_traced(sitedir: str, name: str, known_paths: Any) -> Any:
-        if phases._tracer is None:
+        if phases._tracer is None or name == OUR_PTH:
             return addpackage(sitedir, name, known_paths)
         path = os.path.join(sitedir, name)
         namespace = site.__dict__

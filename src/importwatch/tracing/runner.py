@@ -20,6 +20,7 @@ import sys
 import types
 
 from importwatch.tracing import handback
+from importwatch.tracing.pthlines import OUR_PTH
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -269,12 +270,9 @@ def why_in_process() -> str | None:
     folders = list(getattr(site, "getsitepackages", list)())
     if site.ENABLE_USER_SITE:
         folders.append(site.getusersitepackages())
-    if not any(os.path.isfile(os.path.join(folder, PTH)) for folder in folders):
-        return f"no {PTH} in this interpreter's site-packages"
+    if not any(os.path.isfile(os.path.join(folder, OUR_PTH)) for folder in folders):
+        return f"no {OUR_PTH} in this interpreter's site-packages"
     return None
-
-
-PTH = "00-importwatch.pth"  # what pyproject.toml installs: the .pth that switches tracing on
 
 
 def interpreter_flags() -> list[str]:
