@@ -363,16 +363,20 @@ def test_a_deep_import_chain_shows_the_programs_outermost_frame_and_folds_import
     (line,) = [text for text in out.splitlines() if text.startswith("    python, outermost first: ")]
     steps = line.split(": ", 1)[1].split(" > ")
     # py-spy names a file relative to the process's folder where it can: the file's name is enough.
-    assert steps[0].startswith("<module> (") and steps[0].endswith("run.py:3)"), line
+    # gdb's reading of Python frames on older interpreters gives no line number.
+    outermost = ("run.py:3)",) if helper == "py-spy" else ("run.py:3)", "run.py)")
+    assert steps[0].startswith("<module> (") and steps[0].endswith(outermost), line
     assert [
-        os.path.basename(step.split(" (")[1].split(":")[0]) for step in steps if step.startswith("<module>")
+        os.path.basename(step.split(" (")[1].rstrip(")").split(":")[0])
+        for step in steps
+        if step.startswith("<module>")
     ] == ["run.py", "deep1.py", "deep2.py", "deep3.py", "deep4.py", "deep5.py"]
     folded = [step for step in steps if step.startswith("... ")]
     assert len(folded) == 5 and all(step.endswith(" importlib frames") for step in folded)
     assert "[" not in line
     report = json.loads(inspect(process.pid, "--json", path=tools(tmp_path, helper)).stdout)
     (thread,) = report["threads"]
-    assert thread["python"][-1].endswith("run.py:3)")
+    assert thread["python"][-1].endswith(outermost)
     assert thread["chain"] == ["deep1", "deep2", "deep3", "deep4", "deep5"]
 
 
