@@ -15,10 +15,7 @@ ENTRY_POINTS = {"importwatch", "importwatch.__main__", "importwatch.cli", "impor
 SHARED_LEAVES = {"importwatch.signame", "importwatch.masking"}
 LIMIT = 600
 # Files over LIMIT lines today, each with the issue that splits it. Nothing else may grow past it.
-OVER_LIMIT = {
-    "importwatch/watcher/loop.py": 29,
-    "importwatch/tracing/watchdog.py": 29,
-}
+OVER_LIMIT: dict[str, int] = {}
 
 
 def _name(path: Path) -> str:

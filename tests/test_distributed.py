@@ -76,7 +76,7 @@ def wait_for(path: Path, kind: str, seconds: float = 30) -> list:
     while time.monotonic() < deadline:
         text = path.read_text() if path.exists() else ""
         events = events_of(text)
-        whole = kind != "stall" or "Stacks of all threads" in text
+        whole = kind != "stall" or "Stacks of the program's threads" in text
         if whole and any(event.kind == kind for event in events):
             return events
         time.sleep(0.1)

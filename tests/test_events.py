@@ -68,16 +68,9 @@ EXAMPLES: list[tuple[str, dict, int]] = [
         {"python": "3.9.1", "executable": "/p", "argv": [], "cwd": "/", "platform": "Linux-5-aarch64"},
         0,
     ),
-    (events.ENV, {"message": "CUDA_VISIBLE_DEVICES=0", "env": {"CUDA_VISIBLE_DEVICES": "0"}}, 0),
-    (
-        events.ENV,
-        {
-            "message": "LD_LIBRARY_PATH=/opt/my libs:/x NCCL_DEBUG= TORCH_x=a=b",
-            "env": {"LD_LIBRARY_PATH": "/opt/my libs:/x", "NCCL_DEBUG": "", "TORCH_x": "a=b"},
-        },
-        0,
-    ),
-    (events.ENV, {"message": events.NO_ENV, "env": {}}, 0),
+    (events.ENV, {"env": {"CUDA_VISIBLE_DEVICES": "0"}}, 0),
+    (events.ENV, {"env": {"LD_LIBRARY_PATH": "/opt/my libs:/x", "NCCL_DEBUG": "", "TORCH_x": "a=b"}}, 0),
+    (events.ENV, {"env": {}}, 0),
     (
         events.TORCH,
         {"message": "2.3.1 (built for CUDA 12.1) at /t", "version": "2.3.1", "cuda": "12.1", "path": "/t"},
@@ -126,33 +119,69 @@ EXAMPLES: list[tuple[str, dict, int]] = [
             "chain": "fastkern > dlopen /s/_k.so (30.0 s); waiting for its module lock: Thread-2",
             "chains": ["MainThread: fastkern > dlopen /s/_k.so (30.0 s)"],
             "report": 1,
+            "busy": False,
+            "at": None,
+        },
+        0,
+    ),
+    (
+        events.STALL,
+        {
+            "seconds": 64.0,
+            "stalled": "MainThread",
+            "chain": "sleepy (loading /s p/sleepy.py, 64.0 s)",
+            "chains": ["MainThread: sleepy (loading /s p/sleepy.py, 64.0 s)"],
+            "report": 4,
+            "busy": False,
+            "at": "/s p/sleepy.py:2 in <module>",
+        },
+        0,
+    ),
+    (
+        events.STALL,
+        {
+            "seconds": 1.0,
+            "stalled": "Thread-1",
+            "chain": "spin (loading /s/spin.py, 1.0 s)",
+            "chains": ["Thread-1: spin (loading /s/spin.py, 1.0 s)"],
+            "report": 1,
+            "busy": True,
+            "at": "/s/spin.py:3 in <module>",
         },
         0,
     ),
     (events.STALL_THREAD, {"chain": "Thread-2: a > b (3.0 s)"}, 0),
     (events.STALL_CONTEXT, {"context": "! a verdict said before"}, 0),
     (events.STALL_THREADS, {"threads": "0x7f01=MainThread"}, 0),
-    (
-        events.BUSY,
-        {"message": "MainThread used 98% of a CPU just now (or waited for one); slow work ends", "cpu": 0.98},
-        0,
-    ),
-    (events.RESUMED, {"message": " after 31.0 s: fastkern ended", "name": "fastkern", "seconds": 31.0}, 0),
+    (events.BUSY, {"stalled": "MainThread", "cpu": 0.98}, 0),
+    (events.RESUMED, {"name": "fastkern", "seconds": 31.0, "interrupted": False, "dumped": None}, 0),
     (
         events.RESUMED,
         {
-            "message": " after 2.5 s: phase load ended (stacks dumped in /j/run.log, not on this terminal)",
             "name": "phase load",
             "seconds": 2.5,
+            "interrupted": False,
+            "dumped": "in /j/run (1).log, not on this terminal",
         },
         0,
     ),
-    (events.RESUMED, {"message": ": progress again after a stall; stacks dumped above"}, 0),
+    (events.RESUMED, {"dumped": "above"}, 0),
+    (events.RESUMED, {"name": "sleepy", "seconds": 3.5, "interrupted": True, "dumped": None}, 0),
     (
         events.OUTSIDE,
         {
             "message": "waiting: MainThread sleeping in futex_wait_queue, 0% CPU over the last 2.0 s; "
             "not using CPU: blocked, not slow; in flight: MainThread: fastkern (2.1 s)",
+            "verdict": "waiting",
+        },
+        0,
+    ),
+    (
+        events.OUTSIDE,
+        {
+            "message": "still waiting after 64.5 s (report 4): MainThread sleeping in hrtimer_nanosleep, 0% CPU "
+            "(in clock_nanosleep: sleeping on a timer); not using CPU: blocked, not slow; in flight: "
+            "MainThread: sleepy (64.5 s)",
             "verdict": "waiting",
         },
         0,
@@ -197,8 +226,9 @@ EXAMPLES: list[tuple[str, dict, int]] = [
     (
         events.DIED,
         {
-            "message": "process 7 was killed by SIGKILL (the OOM killer, a scheduler or kill -9) after 3.0 s "
-            "with in flight: MainThread: a (2.0 s)",
+            "process": 7,
+            "how": "was killed by SIGKILL (the OOM killer, a scheduler or kill -9)",
+            "seconds": 3.0,
             "status": 9,
             "chain": "MainThread: a (2.0 s)",
         },
@@ -207,7 +237,9 @@ EXAMPLES: list[tuple[str, dict, int]] = [
     (
         events.DIED,
         {
-            "message": "process 7 was killed by SIGSEGV, core dumped after 0.5 s with in flight: T: a > b (0.1 s)",
+            "process": 7,
+            "how": "was killed by SIGSEGV, core dumped",
+            "seconds": 0.5,
             "status": 11 | 0x80,
             "chain": "T: a > b (0.1 s)",
         },
@@ -216,8 +248,9 @@ EXAMPLES: list[tuple[str, dict, int]] = [
     (
         events.DIED,
         {
-            "message": "process 7 exited with status 1, ended by --exit-on-stall after the stall report "
-            "after 31.0 s with in flight: MainThread: a (31.0 s)",
+            "process": 7,
+            "how": "exited with status 1, ended by --exit-on-stall after the stall report",
+            "seconds": 31.0,
             "status": 1 << 8,
             "chain": "MainThread: a (31.0 s)",
         },
@@ -226,8 +259,9 @@ EXAMPLES: list[tuple[str, dict, int]] = [
     (
         events.DIED,
         {
-            "message": "process 7 ended without a clean exit (its exit status was gone before the watcher "
-            "could read it) after 1.0 s with in flight: MainThread: a (1.0 s)",
+            "process": 7,
+            "how": "ended without a clean exit (its exit status was gone before the watcher could read it)",
+            "seconds": 1.0,
             "status": None,
             "chain": "MainThread: a (1.0 s)",
         },

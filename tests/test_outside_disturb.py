@@ -224,22 +224,32 @@ def libctor(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.timeout(60)
 @needs_gdb
-def test_native_stacks_show_the_stalled_thread_first_and_ours_as_ours(libctor, start):
+def test_native_stacks_show_the_stalled_thread_first_and_ours_as_ours(libctor, tmp_path, start):
+    log = tmp_path / "run.log"
     code = f"import ctypes; ctypes.CDLL({str(libctor)!r})"
-    proc = start(traced("--timeout", "1", "-c", code))
+    proc = start(traced("--timeout", "1", "--log", str(log), "-c", code))
     pid = proc.process.pid
-    proc.wait_for("outside: native stacks: as in the first report of this stall", 30)
+    proc.wait_for("outside: still waiting after", 30)
     lines = outside_lines(proc.stderr)
     titles = [i for i, line in enumerate(lines) if "outside: native stacks (gdb" in line]
     assert len(titles) == 1, proc.stderr  # the unchanged stall's second report does not repeat them
     block = [line.split("] outside: ", 1)[1] for line in lines[titles[0] + 1 :]]
     block = block[: next((i for i, line in enumerate(block) if not line.startswith("  ")), len(block))]
+    # The terminal: the stalled thread first, its frames folded, ours counted; the log has the rest.
     assert block[0] == f"  Thread 1 (LWP {pid}) MainThread", block
-    frames = block[1 : next(i for i, line in enumerate(block[1:], 1) if line.startswith("  Thread"))]
-    assert any("never_returns" in frame for frame in frames), block
-    ours = [line for line in block if "(ours)" in line]
-    assert ours == [f"  Thread 2 (LWP {ours_tid(lines)}): importwatch's heartbeat (ours)"], block
-    assert block[-1] == ours[0]
+    assert any("never_returns" in frame for frame in block), block
+    assert any("dynamic loader frames" in frame for frame in block), block
+    assert block[-1] == "  (and 1 thread of importwatch's own)", block
+    assert f"outside: full stacks in {log}" in proc.stderr
+    logged = outside_lines(log.read_text())
+    title = next(i for i, line in enumerate(logged) if "outside: native stacks (gdb" in line)
+    whole = [line.split("] outside: ", 1)[1] for line in logged[title + 1 :]]
+    whole = whole[: next((i for i, line in enumerate(whole) if not line.startswith("  ")), len(whole))]
+    assert whole[0] == f"  Thread 1 (LWP {pid}) MainThread", whole
+    assert not any("dynamic loader frames" in frame for frame in whole), whole  # every frame
+    ours = [line for line in whole if "(ours)" in line]
+    assert ours == [f"  Thread 2 (LWP {ours_tid(lines)}): importwatch's heartbeat (ours)"], whole
+    assert whole[-1] == ours[0]
 
 
 def ours_tid(lines: list[str]) -> int:
@@ -252,19 +262,11 @@ def ours_tid(lines: list[str]) -> int:
 def test_our_threads_are_named_as_ours_never_as_suspects(tmp_path, start):
     # A stall that leaves the GIL free: the heartbeat keeps faulthandler's timer thread armed.
     module(tmp_path, "slowimp", SLEEP.format(seconds=60))
-    proc = start(traced("--timeout", "1", "-c", "import slowimp"), cwd=tmp_path)
-    proc.wait_for("outside: native stacks (gdb", 30)
-    proc.wait_for("(ours)", 30)
-    # The rest of the stacks: until the faulthandler timer's own comes, however slow the machine.
-    deadline = time.monotonic() + 30
-    while True:
-        lines = outside_lines(proc.stderr)
-        title = next(i for i, line in enumerate(lines) if "outside: native stacks (gdb" in line)
-        stacks_so_far = "\n".join(lines[title + 1 :])
-        if "  Thread" in stacks_so_far and "faulthandler's timer thread" in stacks_so_far:
-            break
-        assert time.monotonic() < deadline, proc.stderr
-        time.sleep(0.05)
+    log = tmp_path / "run.log"
+    proc = start(traced("--timeout", "1", "--log", str(log), "-c", "import slowimp"), cwd=tmp_path)
+    proc.wait_for("outside: full stacks in", 30)
+    lines = outside_lines(proc.stderr)
+    title = next(i for i, line in enumerate(lines) if "outside: native stacks (gdb" in line)
     listing = [line for line in lines[:title] if "(tid " in line]
     assert "MainThread (tid" in listing[0] and ": waiting; in " in listing[0], listing
     assert any("faulthandler-timer (tid" in line and "faulthandler's timer" in line for line in listing)
@@ -272,7 +274,13 @@ def test_our_threads_are_named_as_ours_never_as_suspects(tmp_path, start):
     assert not any("thread-" in line for line in listing), listing
     # Ours in one line each: never a verdict nor what they wait on.
     assert all(line.endswith("(ours)") for line in listing[1:]), listing
-    stacks = [line.split("] outside: ", 1)[1] for line in lines[title + 1 :]]
+    # On the terminal the stacks are the program's; ours are counted, and named in the log.
+    shown = [line.split("] outside: ", 1)[1] for line in lines[title + 1 :]]
+    assert [line for line in shown if line.startswith("  Thread")] == [shown[0]], shown
+    assert "  (and 2 threads of importwatch's own)" in shown, shown
+    logged = outside_lines(log.read_text())
+    title = next(i for i, line in enumerate(logged) if "outside: native stacks (gdb" in line)
+    stacks = [line.split("] outside: ", 1)[1] for line in logged[title + 1 :]]
     headers = [line for line in stacks if line.startswith("  Thread")]
     assert "MainThread" in headers[0]
     assert any("faulthandler's timer thread" in line for line in headers[1:]), headers

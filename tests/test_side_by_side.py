@@ -250,7 +250,7 @@ def test_stderr_stalls_keeps_the_stall_report_only_and_the_log_gets_everything(
         ours = [line for line in run.stderr.splitlines() if line.startswith("[importwatch ")]
         assert "STALL " in ours[0], ours  # nothing of ours before there is something to report
         assert any("STALL " in line and "slow (loading" in line for line in ours), run.stderr
-        assert "Stacks of all threads" in run.stderr
+        assert "Stacks of the program's threads" in run.stderr
         assert not any(
             "] > " in line or "] < " in line or "] env " in line or "] start " in line for line in ours
         ), ours

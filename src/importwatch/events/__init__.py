@@ -51,18 +51,18 @@ STEP_END = "step_end"  # name, ms, error
 VERDICT = "verdict"  # verdict: what is wrong with a native load, a blocking step or the driver
 WARNING = "warning"  # message: importwatch's own trouble (a log it cannot open, an internal error)
 START = "start"  # python, executable, argv, cwd, platform, dumps
-ENV = "env"  # message, env (the relevant variables, as NAME=VALUE)
+ENV = "env"  # env (the relevant variables, NAME: VALUE)
 TORCH = "torch"  # message (its version, build and place): version, cuda, path; driver before import
-STALL = "stall"  # seconds, stalled (the thread), chain (what it has in flight); chains, report
+STALL = "stall"  # seconds, stalled (the thread), chain (in flight), report, busy, at; chains
 STALL_THREAD = "stall_thread"  # chain: another thread in flight at a stall
 STALL_CONTEXT = "stall_context"  # context
 STALL_THREADS = "stall_threads"  # threads: faulthandler's addresses and their names
-BUSY = "busy"  # message, cpu (the share of a CPU it shows)
-RESUMED = "resumed"  # message; name, seconds when a step ended
+BUSY = "busy"  # stalled (the thread), cpu (the share of a CPU it used)
+RESUMED = "resumed"  # name, seconds, interrupted (no name: Python runs again), dumped (where stacks went)
 OUTSIDE = (
     "outside"  # message: the watcher's look from outside; verdict, thread_name, tid, initialising, mapped
 )
-DIED = "died"  # message: the watcher's line when the program died with something in flight; status, chain
+DIED = "died"  # process, how, seconds, chain, status: the program died with something in flight
 EXIT = "exit"  # status (None: the watcher ends the program), message: ended on purpose
 FORK = "fork"  # parent (pid)
 SIGNAL = "signal"  # signal, child (pid), via: a parent signals its child
@@ -85,8 +85,7 @@ NESTED = frozenset((IMPORT, IMPORT_END, NATIVE, NATIVE_END, PHASE, PHASE_END, CH
 # - verdict `path`: the native load it is about, the `dlopen` line next to it in the same thread
 #   (the start line before it, or the failed end line before an explanation).
 # - stall `chains`: the stalled thread's chain (this line's) and the `also in flight` lines after
-#   it; `report`: which report of this stall it is, as the STALL lines before it for the same
-#   thread and step count since its last progress.
+#   it.
 # - outside `mapped`: the full paths of what a stalled load mapped (often tens of long paths); the
 #   line names their files, and the load's end line lists the paths.
 EXTRAS = {
@@ -94,7 +93,7 @@ EXTRAS = {
     IMPORT_END: ("parent",),
     NATIVE_END: ("owner", "needs"),
     VERDICT: ("path",),
-    STALL: ("chains", "report"),
+    STALL: ("chains",),
     OUTSIDE: ("mapped",),
 }
 # The env line when none of the variables it shows is set.
@@ -102,21 +101,21 @@ NO_ENV = "(no CUDA, library path or distributed variable is set)"
 # The tail of the torch line written from torch's files, before it imports.
 BEFORE_IMPORT = " (from its files, before import)"
 
-# Kinds that are one line of prose after a fixed head, and the field that holds the prose.
+# Kinds whose line is one field after a fixed head, and that field. The rest are rendered from
+# their fields by _RENDER. TORCH and OUTSIDE still carry their words in `message`, with the
+# fields a reader needs beside it (read back from the words by events/read.py).
 _PROSE = {
-    ENV: ("env ", "message"),
     TORCH: ("torch ", "message"),
     STALL_THREAD: ("  also in flight: ", "chain"),
     STALL_CONTEXT: ("  context: ", "context"),
     STALL_THREADS: ("  threads: ", "threads"),
-    BUSY: ("  busy, not stuck: ", "message"),
-    RESUMED: ("RESUMED", "message"),
     OUTSIDE: ("outside: ", "message"),
-    DIED: ("outside: died during import: ", "message"),
     VERDICT: ("! ", "verdict"),
     WARNING: ("! importwatch: ", "message"),
     OTHER: ("", "message"),
 }
+_BUSY_HEAD = "  busy, not stuck: "
+_DIED_HEAD = "outside: died during import: "
 # The watcher's form of EXIT (status None): it ends the program from outside.
 _EXIT_OUTSIDE = "outside: --exit-on-stall: "
 # Heads of the lines that are not nested, longest match first where one head begins another.
@@ -129,11 +128,11 @@ _HEADS = (
     ("STALL ", STALL),
     ("  also in flight: ", STALL_THREAD),
     ("RESUMED", RESUMED),
-    ("outside: died during import: ", DIED),
+    (_DIED_HEAD, DIED),
     (_EXIT_OUTSIDE, EXIT),
     ("outside: ", OUTSIDE),
     ("  context: ", STALL_CONTEXT),
-    ("  busy, not stuck: ", BUSY),
+    (_BUSY_HEAD, BUSY),
     ("  threads: ", STALL_THREADS),
     ("fork child of ", FORK),
     ("exiting with status ", EXIT),
@@ -273,6 +272,52 @@ def _start(fields: dict) -> str:
     return text
 
 
+def _stall(fields: dict) -> str:
+    """A stall report's headline: how long, busy or stuck, where the stalled thread is, what is in flight.
+
+    The first report of a stall says `N s without progress` (or `busy, not stuck`); each later
+    one, which stands alone on the terminal, `still stuck after N s (report K)`.
+    """
+    seconds, report, busy = fields["seconds"], fields.get("report") or 1, fields.get("busy")
+    if report > 1:
+        head = f"still {'busy' if busy else 'stuck'} after {seconds:.1f} s (report {report})"
+    else:
+        head = f"{seconds:.1f} s {'busy, not stuck' if busy else 'without progress'}"
+    at = fields.get("at")
+    where = f" at {at}" if at else ""
+    return f"STALL {head}{where}; in flight: {fields['stalled']}: {fields['chain']}"
+
+
+def _env(fields: dict) -> str:
+    env = fields["env"]
+    return "env " + (" ".join(f"{name}={value}" for name, value in env.items()) if env else NO_ENV)
+
+
+def _busy(fields: dict) -> str:
+    return (
+        f"{_BUSY_HEAD}{fields['stalled']} used {fields['cpu']:.0%} of a CPU just now (or waited for one); "
+        "slow work such as CUDA JIT compiling PTX or a build ends by itself"
+    )
+
+
+def _resumed(fields: dict) -> str:
+    """`RESUMED after 2.0 s: NAME ended` (or interrupted); or, once Python runs again after
+    faulthandler dumped a stall on its own, `RESUMED: progress again after a stall`."""
+    dumped = fields.get("dumped")
+    if fields.get("name") is None:
+        return f"RESUMED: progress again after a stall; stacks dumped {dumped}"
+    how = "interrupted (KeyboardInterrupt)" if fields.get("interrupted") else "ended"
+    tail = f" (stacks dumped {dumped})" if dumped else ""
+    return f"RESUMED after {fields['seconds']:.1f} s: {fields['name']} {how}{tail}"
+
+
+def _died(fields: dict) -> str:
+    return (
+        f"{_DIED_HEAD}process {fields['process']} {fields['how']} after {fields['seconds']:.1f} s "
+        f"with in flight: {fields['chain']}"
+    )
+
+
 def _exit(fields: dict) -> str:
     status = fields.get("status")
     if status is None:
@@ -291,7 +336,11 @@ _RENDER: dict[str, Callable[[dict], str]] = {
     STEP: lambda f: f"> step {f['name']} {f['detail']}",
     STEP_END: lambda f: f"< step {f['name']}{_ended(f)}",
     START: _start,
-    STALL: lambda f: f"STALL {f['seconds']:.1f} s without progress; in flight: {f['stalled']}: {f['chain']}",
+    ENV: _env,
+    STALL: _stall,
+    BUSY: _busy,
+    RESUMED: _resumed,
+    DIED: _died,
     EXIT: _exit,
     FORK: lambda f: f"fork child of {f['parent']}",
     SIGNAL: lambda f: f"signal {f['signal']} to child {f['child']} ({f['via']})",

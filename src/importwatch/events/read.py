@@ -188,8 +188,13 @@ class _Parser:
         self.start = re.compile(
             r"^python (\S+) (.*?) argv=(\[.*\]) cwd=(.*?)(?: platform=(\S+))?(?: dumps=(.*))?$", re.DOTALL
         )
-        # (Without "without progress" in the lines of older versions.)
-        self.stall = re.compile(rf"^{number} s(?: without progress)?; in flight: (\S+?): (.*)$", re.DOTALL)
+        # A first report, `N s without progress` (or `busy, not stuck`; neither in older versions' lines),
+        # or a later one, `still stuck after N s (report K)`; then where the thread is, if known.
+        self.stall = re.compile(
+            rf"^(?:still (busy|stuck) after {number} s \(report (\d{{1,9}})\)|{number} s( busy, not stuck|"
+            r" without progress)?)(?: at (.*?))?; in flight: (\S+?): (.*)$",
+            re.DOTALL,
+        )
         self.exit = re.compile(r"^(\d{1,10}) \((.*)\)$", re.DOTALL)
         # A phase's own timeout, as events._timeout writes it.
         self.phase_timeout = re.compile(
@@ -203,10 +208,13 @@ class _Parser:
         self.env_name = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
         # Each NAME=VALUE after the first begins at a space before a name (upper case, as all of ours).
         self.env_split = re.compile(r" (?=[A-Z][A-Za-z0-9_]*=)")
-        self.busy = re.compile(r"^.* used (\d{1,4})% of a CPU just now", re.DOTALL)
-        self.resumed = re.compile(rf"^ after {number} s: (.*) ended$", re.DOTALL)
+        self.busy = re.compile(r"^(\S+) used (\d{1,4})% of a CPU just now", re.DOTALL)
+        self.resumed = re.compile(
+            rf"^ after {number} s: (.*) (ended|interrupted \(KeyboardInterrupt\))(?: \(stacks dumped (.*)\))?$",
+            re.DOTALL,
+        )
         self.died = re.compile(
-            rf"^process \d{{1,10}} (.*?) after {number} s with in flight: (.*)$", re.DOTALL
+            rf"^process (\d{{1,10}}) (.*?) after {number} s with in flight: (.*)$", re.DOTALL
         )
         self.killed = re.compile(
             r"^was killed by (?:(SIG[A-Z0-9+]+)|signal (\d{1,3}))(?: \([^()]*\))?(, core dumped)?$"
@@ -215,16 +223,11 @@ class _Parser:
         # The watcher's line on one thread: `LABEL (tid N, COMM): STATE: VERDICT[; WAITS]`, or
         # `LABEL (tid N): WHAT` for one of ours.
         self.outside_thread = re.compile(r"^(\S.*?) \(tid (\d{1,10})(?:, (.{1,64}?))?\): (.*)$", re.DOTALL)
+        self.still = re.compile(rf"^still (.{{1,40}}?) after {number} s \(report \d{{1,9}}\): ")
         self.thread_verdict = re.compile(r"^.*?: ([a-z]+)(?:; .*)?$", re.DOTALL)
         self.initialising = re.compile(r"^most likely initialising: (.*) \([^()]*\)$", re.DOTALL)
-        self.shown = {
-            TORCH: self._torch,
-            ENV: self._env,
-            BUSY: self._busy,
-            RESUMED: self._resumed,
-            OUTSIDE: self._outside,
-            DIED: self._died,
-        }
+        self.shown = {TORCH: self._torch, OUTSIDE: self._outside}  # prose, and fields read from it
+        self.rendered = {ENV: self._env, BUSY: self._busy, RESUMED: self._resumed, DIED: self._died}
         self.signal = re.compile(r"^(\S+) to child (\d{1,10}) \((.*)\)$", re.DOTALL)
         # NaN and Infinity are not JSON: refused as they are read. The scanner alone, not json.loads:
         # one call per line, nothing else (a log holds millions).
@@ -340,13 +343,22 @@ class _Parser:
                 event.fields.update(shown(rest))
             return
         fields: dict[str, Any] | None = None
-        if kind == START:
+        if kind in self.rendered:
+            fields = self.rendered[kind](rest) or None
+        elif kind == START:
             fields = self._start(rest)
         elif kind == STALL:
             match = self.stall.match(rest)
             if match is not None:
-                seconds, thread, chain = match.groups()
-                fields = {"seconds": _ms(seconds), "stalled": thread, "chain": chain}
+                still, later, report, first, how, at, thread, chain = match.groups()
+                fields = {
+                    "seconds": _ms(later or first),
+                    "stalled": thread,
+                    "chain": chain,
+                    "report": int(report) if report else 1,
+                    "busy": (still or how or "").startswith(("busy", " busy")),
+                    "at": at,
+                }
         elif kind == EXIT:
             match = self.exit.match(rest)
             if event.text.startswith(_EXIT_OUTSIDE):
@@ -406,23 +418,24 @@ class _Parser:
 
     def _busy(self, rest: str) -> dict[str, Any]:
         match = self.busy.match(rest)
-        return {"cpu": int(match.group(1)) / 100} if match is not None else {}
+        return {"stalled": match.group(1), "cpu": int(match.group(2)) / 100} if match is not None else {}
 
-    def _resumed(self, rest: str) -> dict[str, Any]:
-        # ` after 2.0 s: NAME ended`, then ` (stacks dumped above)` or `... in PATH, not on this terminal)`
-        # when faulthandler dumped them.
-        dumped = rest.rfind(" (stacks dumped ")
-        if dumped >= 0 and rest.endswith((" (stacks dumped above)", ", not on this terminal)")):
-            rest = rest[:dumped]
+    def _resumed(self, rest: str) -> dict[str, Any]:  # as events._resumed writes it
+        head = ": progress again after a stall; stacks dumped "
+        if rest.startswith(head):
+            return {"dumped": rest[len(head) :]}
         match = self.resumed.match(rest)
-        return {"name": match.group(2), "seconds": _ms(match.group(1))} if match is not None else {}
+        if match is None:
+            return {}
+        seconds, name, how, dumped = match.groups()
+        return {"name": name, "seconds": _ms(seconds), "interrupted": how != "ended", "dumped": dumped}
 
     def _died(self, rest: str) -> dict[str, Any]:
         match = self.died.match(rest)
         if match is None:
             return {}
-        how, _, chain = match.groups()
-        status: int | None
+        process, how, seconds, chain = match.groups()
+        status: int | None = None  # None: ended without a clean exit
         killed, exited = self.killed.match(how), self.exited.match(how)
         if killed is not None:  # a wait status: the signal, and 0x80 for a core dump
             name, number, core = killed.groups()
@@ -433,13 +446,15 @@ class _Parser:
             status |= 0x80 if core else 0
         elif exited is not None:
             status = int(exited.group(1)) << 8
-        elif how.startswith("ended without a clean exit"):
-            status = None
-        else:
+        elif not how.startswith("ended without a clean exit"):
             return {}
-        return {"status": status, "chain": chain}
+        fields = {"process": _bounded(int(process)), "how": how, "seconds": _ms(seconds)}
+        return {**fields, "status": status, "chain": chain}
 
     def _outside(self, rest: str) -> dict[str, Any]:
+        repeated = self.still.match(rest)  # a later report's headline: `still HEAD after N s (report K): `
+        if repeated is not None:
+            rest = f"{repeated.group(1)}: {rest[repeated.end() :]}"
         for head, verdict in _OUTSIDE_HEADLINES:
             if rest.startswith(head) and "; in flight: " in rest:
                 return {"verdict": verdict}

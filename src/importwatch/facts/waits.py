@@ -28,7 +28,8 @@ _X86_64 = {
     35: ("nanosleep", _NONE), 42: ("connect", _FD), 43: ("accept", _FD), 44: ("sendto", _FD),
     45: ("recvfrom", _FD), 46: ("sendmsg", _FD), 47: ("recvmsg", _FD), 61: ("wait4", _NONE),
     72: ("fcntl", _FD), 73: ("flock", _FD), 74: ("fsync", _FD), 202: ("futex", _NONE),
-    217: ("getdents64", _FD), 230: ("clock_nanosleep", _NONE), 232: ("epoll_wait", _NONE),
+    217: ("getdents64", _FD), 219: ("restart_syscall", _NONE), 230: ("clock_nanosleep", _NONE),
+    232: ("epoll_wait", _NONE),
     247: ("waitid", _NONE), 257: ("openat", _PATH_AT), 262: ("newfstatat", _PATH_AT),
     270: ("pselect6", _NONE), 271: ("ppoll", _POLL), 281: ("epoll_pwait", _NONE), 288: ("accept4", _FD),
     332: ("statx", _PATH_AT), 437: ("openat2", _PATH_AT), 441: ("epoll_pwait2", _NONE),
@@ -40,7 +41,8 @@ _GENERIC = {
     65: ("readv", _FD), 66: ("writev", _FD), 67: ("pread64", _FD), 68: ("pwrite64", _FD),
     72: ("pselect6", _NONE), 73: ("ppoll", _POLL), 79: ("newfstatat", _PATH_AT), 82: ("fsync", _FD),
     95: ("waitid", _NONE), 98: ("futex", _NONE), 101: ("nanosleep", _NONE),
-    115: ("clock_nanosleep", _NONE), 202: ("accept", _FD), 203: ("connect", _FD), 206: ("sendto", _FD),
+    115: ("clock_nanosleep", _NONE), 128: ("restart_syscall", _NONE), 202: ("accept", _FD),
+    203: ("connect", _FD), 206: ("sendto", _FD),
     207: ("recvfrom", _FD), 211: ("sendmsg", _FD), 212: ("recvmsg", _FD), 242: ("accept4", _FD),
     260: ("wait4", _NONE), 291: ("statx", _PATH_AT), 437: ("openat2", _PATH_AT),
     441: ("epoll_pwait2", _NONE), 449: ("futex_waitv", _NONE),
@@ -94,6 +96,8 @@ def waits_on(pid: int, sample: ThreadSample) -> str | None:
         return "in pause: waiting for a signal"
     if name in ("nanosleep", "clock_nanosleep"):
         return f"in {name}: sleeping on a timer"
+    if name == "restart_syscall":  # a sleep or wait resumed after a stop (a debugger's, SIGSTOP)
+        return "in restart_syscall: an interrupted sleep or wait, resumed"
     return f"in {name}"
 
 

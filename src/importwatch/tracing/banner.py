@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import sys
 
-from importwatch.events import ENV, NO_ENV, START, TORCH, VERDICT
+from importwatch.events import ENV, START, TORCH, VERDICT
 from importwatch.masking import mask_argv, mask_environment
 
 TYPE_CHECKING = False
@@ -64,11 +64,7 @@ def write_banner(sink: Sink, argv: list[str]) -> None:
         # log. Said now, on the terminal too, since nothing of ours can speak there at that moment.
         fields["dumps"] = sink.log_path
     sink.event(START, fields)
-    variables = relevant_environment()
-    text = " ".join(f"{name}={value}" for name, value in variables.items())
-    if not text:
-        text = NO_ENV
-    sink.event(ENV, {"message": text, "env": variables})
+    sink.event(ENV, {"env": relevant_environment()})
 
 
 def torch_loaded(sink: Sink, torch: Any) -> None:

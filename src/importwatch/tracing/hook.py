@@ -151,7 +151,7 @@ class Tracer:
         self.native_ids: dict[int, int] = {}  # thread ident: kernel thread id
         self.on_start: dict[str, Callable[[str], None]] = {}
         self.on_end: dict[str, Callable[[Any], None]] = {}
-        self.on_progress: Callable[[float], None] | None = None
+        self.on_progress: Callable[..., None] | None = None
         # From when a step's end must be told to on_progress: the watchdog keeps it (see
         # Watchdog._tell_due). A comparison on every import instead of a call, which almost none need.
         self.progress_due = NEVER
@@ -269,7 +269,7 @@ class Tracer:
                         fields = {"name": name, "parent": parent, "ms": ms, "error": failure}
                         sink.event(IMPORT_END, fields, len(indent) // 2)
                     if now >= tracer.progress_due and tracer.on_progress is not None:
-                        tracer.on_progress(now)
+                        tracer.on_progress(now, failure)
                 except Exception as error:
                     try:
                         tracer.internal_error("writing a line", error)

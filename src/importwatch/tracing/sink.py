@@ -250,6 +250,7 @@ class Sink:
         self._prefix = ""  # head and stamp of a main-thread line, made once per millisecond
         self._loud: dict[str, bool] | None = None  # None: every kind to stderr (--stderr all)
         self.stderr_mode = "all"
+        self._null: Channel | None = None  # /dev/null, for faulthandler's timer (see timer_fd)
         # The program's last write to sys.stderr did not end its line: ours starts a new one.
         self.partial = False
         self._stderr_write: tuple[object, object] | None = None  # (stream, our write) while installed
@@ -397,11 +398,20 @@ class Sink:
             return self.log.fd
         return self.stderr.fd
 
-    def dump_fds(self) -> list[int]:
-        """Where a stall report's dump goes: stderr (unless --stderr none), and the text log."""
-        fds = [self.stderr.fd] if self.loud("stall") else []
+    def timer_fd(self) -> int:
+        """Where faulthandler's timer dumps a stall that holds the GIL: dump_fd(), but never stderr
+        under --stderr none (then /dev/null: the timer takes a descriptor, and may have to end the job)."""
         fd = self.dump_fd()
-        return fds if fd in fds else [*fds, fd]
+        if fd != self.stderr.fd or self.loud("stall"):
+            return fd
+        null = self._null
+        if null is None or identity(null.fd) != null.ident:  # the program may have closed or reused it
+            try:
+                fd = high_descriptor(os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC))
+            except OSError:
+                return self.stderr.fd
+            null = self._null = Channel(fd, os.devnull, ident=identity(fd))
+        return null.fd
 
     def after_fork_in_child(self) -> None:
         self.pid = os.getpid()
@@ -415,14 +425,18 @@ class Sink:
         self._msec = -1  # the next line makes its prefix anew
 
     # -- writing -------------------------------------------------------------
-    def event(self, kind: str, fields: dict, depth: int = 0) -> None:
-        """Write one event of KIND (see importwatch.events) with FIELDS, at DEPTH in its thread (nested kinds)."""
+    def event(self, kind: str, fields: dict, depth: int = 0, only: str | None = None) -> None:
+        """Write one event of KIND (see importwatch.events) with FIELDS, at DEPTH in its thread (nested kinds).
+
+        ONLY: "log" for detail the terminal leaves out (the watcher's full stacks), "stderr" for
+        the terminal's short form of it.
+        """
         body = render(kind, fields, depth)
         if not (body.isascii() and body.isprintable()):
             body = escape(body)
-        self.emit(kind, body, fields)
+        self.emit(kind, body, fields, only)
 
-    def emit(self, kind: str, body: str, fields: dict | None = None) -> None:
+    def emit(self, kind: str, body: str, fields: dict | None = None, only: str | None = None) -> None:
         """event() for a BODY rendered already (events.render) and known to be printable ASCII: the
         import hook's path, which renders its two lines inline.
 
@@ -445,7 +459,7 @@ class Sink:
             text = f"{self._head}{self._stamp} {thread}] {body}\n".encode("ascii")
         size = len(text)
         stderr = self.stderr
-        if not stderr.broken and (loud is None or loud[kind]):
+        if not stderr.broken and (loud is None or loud[kind]) and only != "log":
             line = text
             if self.partial:  # the program's own line is not ended: ours starts on a new one
                 self.partial = False
@@ -459,6 +473,8 @@ class Sink:
                     stderr.broken = True  # nowhere left to say it
                 elif stderr.write(line) is not None:
                     stderr.broken = True
+        if only == "stderr":
+            return
         feed = self.feed
         if feed is not None:
             if thread is not None and ident not in feed.threads:
@@ -493,14 +509,14 @@ class Sink:
         self._stamp = self._clock + str(1000 + msec - second * 1000)[1:]
         self._prefix = self._head + self._stamp + "] "
 
-    def raw(self, data: bytes) -> None:
-        """Bytes as they are, to stderr and a text log (faulthandler's dumps go through here)."""
-        if self.loud("stall") or self.dump_fd() == self.stderr.fd:
+    def raw(self, data: bytes, to_stderr: bool = True, to_log: bool = True) -> None:
+        """Bytes as they are, to stderr (unless --stderr none) and a text log: a report's stacks."""
+        if to_stderr and self.loud("stall"):
             if self.partial:
                 self.partial = False
                 data = b"\n" + data
             self._write(self.stderr, data)
-        if self.log is not None and not self.log.json:
+        if to_log and self.log is not None and not self.log.json:
             self._write(self.log, data)
 
     def warn(self, message: str) -> None:
@@ -513,6 +529,10 @@ class Sink:
         self._own_threads[ident] = name
         if self.feed is not None:
             self.feed.announce(ident, name)
+
+    def own_threads(self) -> list[int]:
+        """The idents of our own threads that named themselves (name_thread)."""
+        return list(self._own_threads)
 
     def thread_name(self, ident: int) -> str:
         """The threading name of a thread, or its native id; no spaces, so lines stay parseable."""

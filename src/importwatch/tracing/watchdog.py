@@ -15,14 +15,12 @@ child's first step, and a heartbeat ends once the program's last thread has.
 from __future__ import annotations
 
 import _thread
-import faulthandler
-import os
 import sys
-import time
 
-from importwatch.events import BUSY, RESUMED, STALL, STALL_CONTEXT, STALL_THREAD, STALL_THREADS
+from importwatch.events import RESUMED, STALL, STALL_CONTEXT, STALL_THREADS
 from importwatch.facts import procstat
-from importwatch.tracing import stalls, threads
+from importwatch.tracing import cpushare, stalls, threads
+from importwatch.tracing import report as reporting
 from importwatch.tracing.faults import SharedFaulthandler
 from importwatch.tracing.hook import NEVER
 from importwatch.tracing.sink import CLOCKS
@@ -37,12 +35,8 @@ if TYPE_CHECKING:
 _GROWTH = 2.0
 # How late faulthandler may fire after the heartbeat would have reported.
 _GRACE = 0.3
-# A stalled thread running, or ready to run, at least this share of the time is busy, not stuck
-# (seen over _LOOK seconds, in steps of _STEP, of which at most _STEPS are taken: see _cpu_share).
+# A stalled thread running, or ready to run, at least this share of the time is busy, not stuck.
 _BUSY = 0.5
-_LOOK = 0.2
-_STEP = 0.05
-_STEPS = 40
 # How long stop() waits for the heartbeat to end (it is woken first, so this is only a bound).
 _STOP_WAIT = 1.0
 # In a process whose interpreter main thread is gone (a fork child of another thread), how often the
@@ -51,34 +45,6 @@ _ALONE_LOOK = 0.05
 # The longest the heartbeat sleeps while something is in flight: once nothing is, it leaves at its next
 # look, so the process is single-threaded again at most this long after its last step (see start).
 _IDLE_LOOK = 0.25
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
-def _tasks() -> set[str]:
-    """The kernel thread ids of this process."""
-    try:
-        return set(os.listdir("/proc/self/task"))
-    except OSError:
-        return set()
-
-
-def _demand(task: str) -> float | None:
-    """Seconds thread TASK (/proc/self/task/TID) has run or waited in the run queue for a CPU.
-
-    On a loaded machine a spinning thread gets only part of a CPU, yet never waits
-    for anything else; without schedstat, its CPU time has to do.
-    """
-    seconds = procstat.schedstat(f"{task}/schedstat")
-    return seconds if seconds is not None else _cpu_seconds(f"{task}/stat")
-
-
-def _cpu_seconds(stat_path: str) -> float | None:
-    """User plus system CPU seconds of one thread, from /proc/self/task/TID/stat."""
-    fields = procstat.fields(stat_path)
-    try:
-        return procstat.cpu_ticks(fields) / _TICK if fields is not None else None
-    except (IndexError, ValueError):
-        return None
 
 
 class Watchdog:
@@ -145,12 +111,12 @@ class Watchdog:
         self._generation += 1
         self._gone = _thread.allocate_lock()  # held by the heartbeat until it has ended
         self._gone.acquire()
-        tasks = _tasks() if self.sink.feed is not None else None
+        tasks = cpushare.tasks() if self.sink.feed is not None else None
         threads.start(self._heartbeat, (self._generation, self._gone))  # every signal blocked: the program's
         if tasks is not None:
             # Told now, for the watcher: the heartbeat names itself only once it runs, and a program
             # that holds the GIL from its first import on (a hung dlopen) never lets it.
-            new = _tasks() - tasks
+            new = cpushare.tasks() - tasks
             if len(new) == 1:
                 self.sink.feed_line(f"#thread importwatch-heartbeat {new.pop()}")
 
@@ -398,43 +364,43 @@ class Watchdog:
         self._fold_in(now, chains, culprit)
         self._tell_due()
         sink = self.sink
-        waits = stalls.waits(chains)
-        lines = [self._chain_line(culprit, chains[culprit], now)]
-        lines += [self._chain_line(i, c, now) for i, c in chains.items() if i != culprit]
-        waiting = [sink.thread_name(waiter) for waiter, (owner, _) in waits.items() if owner == culprit]
-        waited = f"; waiting for its module lock: {', '.join(waiting)}" if waiting else ""
-        culprit_name = sink.thread_name(culprit)
-        chain = lines[0][len(culprit_name) + 2 :] + waited  # the line without its "NAME: "
-        fields = {"seconds": round(now - since, 1), "stalled": culprit_name, "chain": chain}
-        sink.event(STALL, {**fields, "chains": lines, "report": reports})
-        for line in lines[1:]:
-            sink.event(STALL_THREAD, {"chain": line})
-        context = self._context(chains[culprit], now) + stalls.deadlocks(waits, sink.thread_name)
-        context += stalls.lookups(chains, now, sink.thread_name, self.tracer.import_own)
-        for line in context:
-            sink.event(STALL_CONTEXT, {"context": line})
+        # Looked at first: the headline says whether the thread is busy or stuck.
         share = self._cpu_share(culprit)
         busy = share is not None and share >= _BUSY
         debugger = procstat.tracer_pid() if share is None else 0
         # The step may have ended while its CPU use was being looked at (see step_ended).
         ended = self._stalled.get(culprit, (None,))[0] is not top
-        if busy:
-            used = min(share, 1.0)  # run-queue time and the clock's steps can add up to a little more
-            message = (
-                f"{culprit_name} used {used:.0%} of a CPU just now "
-                "(or waited for one); slow work such as CUDA JIT compiling PTX or a build ends by itself"
-            )
-            sink.event(BUSY, {"message": message, "cpu": used})  # the share the line shows
-        self._thread_map()
-        self._dump(b"Stacks of all threads (most recent call first):\n")
-        # Looked at again after the dump, which takes a while on a loaded machine: a step that ended
-        # meanwhile has its end line written already (step_ended then waits for this report).
+        stacks_now = reporting.now_stacks()
+        waits = stalls.waits(chains)
+        thread_name = sink.thread_name
+        lines = [reporting.chain_line(culprit, chains[culprit], now, thread_name)]
+        lines += [reporting.chain_line(i, c, now, thread_name) for i, c in chains.items() if i != culprit]
+        waiting = [thread_name(waiter) for waiter, (owner, _) in waits.items() if owner == culprit]
+        waited = f"; waiting for its module lock: {', '.join(waiting)}" if waiting else ""
+        culprit_name = thread_name(culprit)
+        fields = {
+            "seconds": round(now - since, 1),
+            "stalled": culprit_name,
+            "chain": lines[0][len(culprit_name) + 2 :] + waited,  # the line without its "NAME: "
+            "report": reports,
+            "busy": busy,
+            "at": reporting.innermost(stacks_now.get(culprit, [])),
+        }
+        sink.event(STALL, {**fields, "chains": lines})
+        if reports == 1:  # a later report of the same step is its headline alone (see _stall)
+            context = reporting.context(chains[culprit], now) + stalls.deadlocks(waits, thread_name)
+            context += stalls.lookups(chains, now, thread_name, self.tracer.import_own)
+            order = [culprit, *(ident for ident in chains if ident != culprit)]
+            ours = {_thread.get_ident(), *sink.own_threads()}
+            reporting.detail(sink, lines[1:], context, share if busy else None, stacks_now, order, ours)
+        # Looked at again after the report: a step that ended meanwhile has its end line written
+        # already (step_ended then waits for this report).
         ends = self.exit_on_stall and not busy and not ended and self._on_chain(culprit, top)
         if ends and debugger:
             text = f"--exit-on-stall does not end it: a debugger, pid {debugger}, is attached"
             sink.event(STALL_CONTEXT, {"context": text})
         elif ends:
-            # Timed afresh: NOW is from before the CPU look and the dump.
+            # Timed afresh: NOW is from before the CPU look and the stacks.
             self._ending.end_job(sink, CLOCKS.monotonic() - chains[culprit][0].start)  # never returns
         self._arm(since + self._limit(top) * _GROWTH**reports + _GRACE, now)
 
@@ -463,37 +429,9 @@ class Watchdog:
                 self._stalled[ident] = (top, since, reports + 1)
 
     def _cpu_share(self, ident: int) -> float | None:
-        """The share of time thread IDENT ran or was ready to run, over _LOOK seconds in which the
-        process ran free.
-
-        A debugger reading stacks (the watcher's gdb, or a person's) stops every thread,
-        and a stopped busy thread looks idle: so the look is made of short steps, and a
-        step counts only when no debugger was attached at either end and this thread,
-        too, lost no time to a stop: a step that overran its length by more than it
-        waited for a CPU (a loaded machine) was stopped for the rest. None when it
-        cannot be read, or when no _LOOK seconds free of stops came within _STEPS steps.
-        """
+        """The share of a CPU thread IDENT used just now (see cpushare.share); None when unknown."""
         tid = self.tracer.native_ids.get(ident)
-        if tid is None:
-            return None
-        task = f"/proc/self/task/{tid}"
-        me = f"/proc/self/task/{_thread.get_native_id()}"
-        used = spent = 0.0
-        before, mine, began = _demand(task), _demand(me), CLOCKS.monotonic()
-        for _ in range(_STEPS):
-            free = not procstat.tracer_pid()
-            time.sleep(_STEP)
-            after, mine_after, ended = _demand(task), _demand(me), CLOCKS.monotonic()
-            if before is None or after is None or mine is None or mine_after is None:
-                return None
-            stopped = (ended - began) - _STEP - (mine_after - mine)
-            if free and stopped < _STEP and not procstat.tracer_pid():
-                used += after - before
-                spent += ended - began
-                if spent >= _LOOK:
-                    return used / spent
-            before, mine, began = after, mine_after, ended
-        return None
+        return None if tid is None else cpushare.share(tid)
 
     def _limit(self, frame: TracedStep) -> float:
         """A step's stall threshold: its own timeout (a phase's), or the watchdog's."""
@@ -508,41 +446,9 @@ class Watchdog:
             return began, 0  # a new step since, or progress inside it (a checkpoint)
         return stalled[1], stalled[2]
 
-    def _context(self, chain: list[TracedStep], now: float) -> list[str]:
-        """What the phases and steps in flight add to a report: overrun timeouts, their environment.
-
-        Runs in the heartbeat thread; a step's context function may probe the
-        network, but only with short timeouts and with modules imported before.
-        """
-        lines = []
-        for frame in chain:
-            ran = now - frame.start
-            if frame.timeout is not None and 0 < frame.timeout <= ran:
-                lines.append(f"{frame.name} has run {ran:.1f} s, past its timeout of {frame.timeout:g} s")
-            if frame.context is not None:
-                try:
-                    lines.extend(frame.context())
-                except Exception as error:
-                    lines.append(f"{frame.name}: no context ({type(error).__name__}: {error})")
-        return lines
-
-    def _chain_line(self, ident: int, chain: list[TracedStep], now: float) -> str:
-        name = self.sink.thread_name(ident)
-        thread_name = self.sink.thread_name
-        return f"{name}: " + " > ".join(frame.describe(now, ident, thread_name) for frame in chain)
-
-    def _dump(self, header: bytes) -> None:
-        """faulthandler's dump of all threads to stderr, then to the text log."""
-        self.sink.raw(header)
-        for fd in self.sink.dump_fds():
-            try:
-                faulthandler.dump_traceback(fd, all_threads=True)
-            except (OSError, ValueError, RuntimeError):
-                pass
-
-    def step_ended(self, now: float) -> None:
+    def step_ended(self, now: float, failure: str | None = None) -> None:
         """Called by the tracer at a step's end once it is due (see _tell_due): say when a stalled
-        thread moved on."""
+        thread moved on. FAILURE: how the step failed, if it did."""
         if self._dormant:
             self.wake_up()
         if not self._stalled and (self._armed_for is None or now < self._armed_for):
@@ -551,37 +457,25 @@ class Watchdog:
         if ident not in self._stalled and (self._armed_for is None or now < self._armed_for):
             return  # another thread's stall: this thread never waits for its report
         with self._reporting:  # after the report of this stall, if one is being written
-            self._resumed(now, ident)
+            self._resumed(now, ident, failure)
 
-    def _resumed(self, now: float, ident: int) -> None:
+    def _resumed(self, now: float, ident: int, failure: str | None) -> None:
         stalled = self._stalled.pop(ident, None)
         if stalled is not None:
             self._tell_due()
             frame, since, _ = stalled
-            self.sink.event(
-                RESUMED,
-                {
-                    "message": f" after {now - since:.1f} s: {frame.name} ended",
-                    "name": frame.name,
-                    "seconds": now - since,
-                },
-            )
+            # Ctrl-C at a stall is how most stalls end: say so, not that the step ended.
+            interrupted = (failure or "").startswith("KeyboardInterrupt")
+            fields = {"name": frame.name, "seconds": round(now - since, 1), "interrupted": interrupted}
+            self.sink.event(RESUMED, {**fields, "dumped": None})
         elif self._fired(now):
             self._say_fired()
 
     def _say_fired(self) -> None:
         """Python runs again after faulthandler dumped a stall on its own: where that dump went, and
         the names of the threads it gave by address only."""
-        self.sink.event(
-            RESUMED, {"message": f": progress again after a stall; stacks dumped {self._dumped_where()}"}
-        )
+        self.sink.event(RESUMED, {"dumped": reporting.dumped_where(self.sink)})
         self._thread_map()
-
-    def _dumped_where(self) -> str:
-        """Where faulthandler's own dump went: the terminal shows none when it went to the log."""
-        if self.sink.dump_fd() == self.sink.stderr.fd:
-            return "above"
-        return f"in {self.sink.log_path}, not on this terminal"
 
     def _tell_due(self) -> None:
         """Tell the tracer from when a step's end needs step_ended, after each change of what it reads.
@@ -629,10 +523,9 @@ class Watchdog:
             return
         with self._reporting:
             if self._fired(now):
-                message = f" after {now - frame.start:.1f} s: {frame.name} ended (stacks dumped {self._dumped_where()})"
-                self.sink.event(
-                    RESUMED, {"message": message, "name": frame.name, "seconds": now - frame.start}
-                )
+                seconds = round(now - frame.start, 1)
+                fields = {"name": frame.name, "seconds": seconds, "interrupted": False}
+                self.sink.event(RESUMED, {**fields, "dumped": reporting.dumped_where(self.sink)})
                 self._thread_map()  # faulthandler's dump named the threads by address only
 
     def _fired(self, now: float) -> bool:
@@ -672,7 +565,7 @@ class Watchdog:
 
     def _arm_now(self, deadline: float, now: float) -> None:
         try:
-            self.faults.arm_ours(deadline, now, self.sink.dump_fd(), self.exit_on_stall)
+            self.faults.arm_ours(deadline, now, self.sink.timer_fd(), self.exit_on_stall)
         except (OSError, ValueError, RuntimeError) as error:
             self.sink.warn(f"cannot arm faulthandler's timer: {error}")
             return

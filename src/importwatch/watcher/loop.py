@@ -10,12 +10,12 @@ import os
 import sys
 
 from importwatch.events import DIED, EXIT, VERDICT, WARNING, render
+from importwatch.watcher.report import Composing, culprit_of, describe
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from importwatch.config import Settings
     from importwatch.events.read import Event
-    from importwatch.facts import process, stacks
     from importwatch.facts.process import ThreadSample
     from importwatch.inflight import Started
     from importwatch.tracing.sink import Sink
@@ -29,25 +29,11 @@ FEED_BATCH = 0.02  # after reading the feed, how long the watcher lets lines gat
 EXIT_GRACE = 1.5
 # The longest a debugger may keep the process stopped to read its native stacks.
 STACKS_TIMEOUT = 10.0
-# Names the program's own threads of ours are announced under (see watchdog.py).
-_OUR_THREADS = {"importwatch-heartbeat": "importwatch's heartbeat (ours)"}
-_TIMER_THREAD = "faulthandler's timer thread, armed by importwatch (ours)"
 # Reports repeat while a stall lasts, each interval twice the one before (as the watchdog's).
 _GROWTH = 2.0
-_THREAD_LINES = 12  # threads listed one per line; the rest are counted
 
 
-def _culprit(chains: dict[str, list[Started]]) -> str:
-    """The thread a report is about: the main thread when it has something in flight, else the first."""
-    return "MainThread" if "MainThread" in chains else next(iter(chains))
-
-
-def _describe(step: Started, now: float) -> str:
-    label = f"dlopen {step.name}" if step.kind == "native" else step.name
-    return f"{label} ({now - step.start:.1f} s)"
-
-
-class Watcher:
+class Watcher(Composing):
     """Follows one traced process through its feed; reports stalls and a death from outside.
 
     A stall is something in flight and no start or end line for TIMEOUT seconds. The
@@ -87,6 +73,7 @@ class Watcher:
         self.timer_tids: set[int] = set()  # faulthandler's timer threads seen so far
         self.told_foreign = False  # said once that someone else's debugger holds the process
         self.busy_told = False  # the program's own watchdog found the stalled thread busy
+        self.told: tuple[Started | None, str | None] = (None, None)  # the last report's step and verdict
 
     # -- the main loop -------------------------------------------------------------------
     def run(self) -> int:
@@ -252,9 +239,17 @@ class Watcher:
 
         self.reports += 1
         lines = self._report_lines(now)
+        verdict = lines[0][2].get("verdict") if lines else None
+        chains = self._in_flight()
+        told, self.told = self.told, (chains[culprit_of(chains)][-1] if chains else None, verdict)
+        repeat = bool(lines) and told == self.told
+        if repeat:  # the same step, in the same state: its headline alone, said to be a repeat
+            kind, message, fields = lines[0]
+            head, _, rest = message.partition(": ")
+            after = f"still {head} after {now - self.progress:.1f} s (report {self.reports}): {rest}"
+            lines = [(kind, after, fields)]
         if not self._say(lines) or not self.reports:
             return  # the program exited, died or moved on meanwhile
-        verdict = lines[0][2].get("verdict") if lines else None
         # With --exit-on-stall the program's watchdog may be timing a busy thread's CPU use to decide
         # whether to exit, and a debugger's stop would look like idleness: the stacks wait for a
         # later report, once the program has said the thread is busy.
@@ -303,14 +298,24 @@ class Watcher:
         except OSError:
             pass
 
-    def _write(self, lines: list[tuple[str, str, dict]]) -> bool:
-        """LINES, while the lock is held; none if the program died meanwhile (only the death line is due)."""
+    def _write(self, lines: list[tuple[str, str, dict]], only: str | None = None) -> bool:
+        """LINES, while the lock is held; none if the program died meanwhile (only the death line is due).
+        ONLY: "log" or "stderr" for lines that go to one of them (see Sink.event)."""
         if not self._alive():
             self.silent = True
             return False
         for kind, message, fields in lines:
-            self.sink.event(kind, {"message": message, **fields})
+            self.sink.event(kind, {"message": message, **fields}, only=only)
         return True
+
+    def _write_stacks(self, short: list[str], full: list[str]) -> None:
+        """The stacks whole to the log and folded on the terminal, which says where the rest is."""
+        if self.sink.log_path is None:
+            self._write([("outside", line, {}) for line in short])
+            return
+        self._write([("outside", line, {}) for line in full], only="log")
+        short = [*short, f"full stacks in {self.sink.log_path}"]
+        self._write([("outside", line, {}) for line in short], only="stderr")
 
     def _alive(self) -> bool:
         from importwatch.facts import process
@@ -349,11 +354,10 @@ class Watcher:
         from importwatch.facts import stacks
 
         chains = self._in_flight()
-        culprit_name = _culprit(chains)
+        culprit_name = culprit_of(chains)
         step = chains[culprit_name][-1]
         if step is self.stacks_for:
-            self._say([("outside", "native stacks: as in the first report of this stall", {})])
-            return
+            return  # shown in an earlier report of this stall
         self.stacks_for = step
         # The lock is held from before the debugger attaches until the stacks are out: a program
         # that ends meanwhile waits for them in hush (it is stopped for most of that time anyway).
@@ -364,42 +368,13 @@ class Watcher:
             try:
                 # Written while gdb still holds the process: it cannot end (nor exit, were
                 # faulthandler's exit due) before its stacks are out.
-                self._write(self._stack_lines(found, chains, culprit_name))
+                self._write_stacks(*self._stack_lines(found, chains, culprit_name))
             finally:
                 if not isinstance(found, str):
                     found.release()
             self.samples.clear()  # they span the stop
         finally:
             self._release()
-
-    def _stack_lines(
-        self, found: stacks.Stacks | str, chains: dict[str, list[Started]], culprit_name: str
-    ) -> list[tuple[str, str, dict]]:
-        """The stalled thread's stack first, then the other threads in flight, the rest, ours last."""
-        if isinstance(found, str):
-            return [("outside", found, {})]
-        names = {tid: name for name, tid in self.tids.items()}
-        first = self.tids.get(culprit_name, self.pid)
-        flying = {self.tids.get(name) for name in chains}
-        ordered = sorted(
-            found.threads, key=lambda thread: (thread[0] != first, thread[0] not in flying, thread[0] or 0)
-        )
-        body = []
-        ours = []
-        for tid, header, frames in ordered:
-            label = _OUR_THREADS.get(names.get(tid, ""))
-            if label is None and any("faulthandler_thread" in frame for frame in frames):
-                label = _TIMER_THREAD
-                self.timer_tids.add(tid or 0)
-            if label is not None:
-                ours.append(f"{header}: {label}")
-                continue
-            name = names.get(tid)
-            body += [f"{header} {name}" if name else header] if header else []
-            body += frames
-        title = f"native stacks ({found.tool}, read in {found.seconds:.1f} s with the process stopped):"
-        lines = [title, *(f"  {line}" for line in body), *(f"  {line}" for line in ours)]
-        return [("outside", line, {}) for line in lines]
 
     def _end_stalled(self, verdict: str) -> None:
         """--exit-on-stall: the program ends itself when it can; kill it when it cannot (stopped).
@@ -448,190 +423,6 @@ class Watcher:
             pass
         family.end(started)
 
-    def _report_lines(self, now: float) -> list[tuple[str, str, dict]]:
-        """The lines of one outside report: the headline, each thread, then what the culprit's chain adds."""
-        from importwatch.facts import process, waits
-
-        pid = self.pid
-        current = process.sample_threads(pid, detail=True)
-        if not current:
-            return []
-        earlier, seconds = self._earlier(now)
-        stat = process.process_stat(pid)
-        chains = self._in_flight()
-        culprit_name = _culprit(chains)
-        culprit = (
-            current.get(self.tids.get(culprit_name, -1)) or current.get(pid) or next(iter(current.values()))
-        )
-        verdicts = {}
-        for tid, sample in current.items():
-            share = process.cpu_share(earlier.get(tid), sample, seconds)
-            verdicts[tid] = (process.verdict(sample, share), share)
-        if stat is not None and stat.state in "Tt":
-            overall = process.STOPPED
-        else:
-            overall = verdicts[culprit.tid][0]
-            if overall == process.GONE:
-                overall = process.WAITING
-        chain = " > ".join(_describe(step, now) for step in chains[culprit_name])
-        head = self._headline(overall, culprit_name, culprit, verdicts[culprit.tid][1], seconds, stat)
-        lines: list[tuple[str, str, dict]] = [
-            ("outside", f"{head}; in flight: {culprit_name}: {chain}", {"verdict": overall})
-        ]
-        code = process.CodeRanges(pid)
-        lines += self._thread_lines(current, verdicts, chains, code)
-        if stat is not None and stat.state in "Tt":
-            lines.append(("outside", self._stopped_hint(stat), {}))
-        elif waits.stdin_terminal(pid) and stat is not None and stat.background:
-            lines.append(("outside", "it reads a terminal on stdin from the background: redirect stdin", {}))
-        lines += self._mapped_lines(pid, chains[culprit_name], culprit, code)
-        for step in chains[culprit_name]:
-            for warning in step.warnings:
-                lines.append(("outside", f"said for {step.name}: {warning}", {}))
-        if self.lost:
-            lost = f"{self.lost} line{'s' if self.lost != 1 else ''}"
-            lines.append(("outside", f"the feed lost {lost}: in-flight steps may be incomplete", {}))
-        return lines
-
-    def _thread_lines(
-        self,
-        current: dict[int, ThreadSample],
-        verdicts: dict[int, tuple[str, float | None]],
-        chains: dict[str, list[Started]],
-        code: process.CodeRanges,
-    ) -> list[tuple[str, str, dict]]:
-        """One line per thread: those in flight first, then the rest, ours last; a long tail of idle
-        threads is counted."""
-        from importwatch.facts import process, waits
-
-        pid = self.pid
-        names = {tid: name for name, tid in self.tids.items()}
-        ours = {tid: self._ours(tid, names.get(tid), sample, code) for tid, sample in current.items()}
-        order = sorted(
-            current, key=lambda tid: (bool(ours[tid]), names.get(tid) not in chains, tid != pid, tid)
-        )
-        lines: list[tuple[str, str, dict]] = []
-        for index, tid in enumerate(order):
-            if index == _THREAD_LINES:
-                rest = [verdicts[t][0] for t in order[index:]]
-                summary = ", ".join(f"{rest.count(v)} {v}" for v in sorted(set(rest)))
-                more = f"{len(rest)} more thread{'s' if len(rest) != 1 else ''}"
-                lines.append(("outside", f"{more}: {summary}", {}))
-                break
-            sample = current[tid]
-            if ours[tid]:
-                label = names.get(tid) or "faulthandler-timer"
-                lines.append(
-                    ("outside", f"{label} (tid {tid}): {ours[tid]}", {"thread_name": label, "tid": tid})
-                )
-                continue
-            label = names.get(tid) or f"thread-{tid}"
-            what, share = verdicts[tid]
-            body = f"{label} (tid {tid}, {sample.comm}): {self._state_text(sample, share)}: {what}"
-            if what != process.BUSY:
-                waits = waits.waits_on(pid, sample)
-                if waits:
-                    body += f"; {waits}"
-            lines.append(("outside", body, {"thread_name": label, "tid": tid, "verdict": what}))
-        return lines
-
-    def _ours(self, tid: int, name: str | None, sample: ThreadSample, code: process.CodeRanges) -> str | None:
-        """What a thread of ours is, or None for the program's own threads."""
-        from importwatch.facts import process
-
-        if name in _OUR_THREADS:
-            return _OUR_THREADS[name]
-        if tid in self.timer_tids or (name is None and process.is_timer_thread(self.pid, sample, code)):
-            self.timer_tids.add(tid)
-            return _TIMER_THREAD
-        return None
-
-    def _earlier(self, now: float) -> tuple[dict[int, ThreadSample], float]:
-        """The sample about one window ago, taken during the stall, and the seconds since."""
-        window = self._window()
-        for when, sample in self.samples:
-            if now - when <= window * 1.3:
-                return sample, now - when
-        if self.samples:
-            when, sample = self.samples[-1]
-            return sample, now - when
-        return {}, 0.0
-
-    @staticmethod
-    def _state_text(sample: ThreadSample, share: float | None) -> str:
-        text = sample.state_name
-        if sample.wchan:
-            text += f" in {sample.wchan}"
-        if share is not None:
-            text += f", {share * 100:.0f}% CPU"
-        return text
-
-    def _headline(self, overall, name, culprit, share, seconds, stat) -> str:
-        from importwatch.facts import process
-
-        who = f"{name} {self._state_text(culprit, share)}"
-        span = f" over the last {seconds:.1f} s" if seconds else ""
-        if overall == process.BUSY:
-            return (
-                f"busy, not stuck: {who}{span}; a long import that keeps a CPU busy is often CUDA JIT "
-                "(compiling PTX for this GPU) or a build, and ends by itself"
-            )
-        if overall == process.STOPPED:
-            return f"stopped: process {self.pid} is {stat.state_name if stat else 'stopped'}, nothing runs"
-        return f"waiting: {who}{span}; not using CPU: blocked, not slow"
-
-    def _stopped_hint(self, stat) -> str:
-        if stat.background:
-            return (
-                "it is a background job of its terminal: touching the terminal stops it (SIGTTIN/SIGTTOU); "
-                "redirect stdin (< /dev/null) or run it in the foreground"
-            )
-        from importwatch.facts import process
-
-        tracer = process.tracer_pid(self.pid)
-        if tracer:
-            return (
-                f"pid {tracer} {process.command_of(tracer)} is debugging it (ptrace): it goes on when freed"
-            )
-        return f"something stopped it (SIGSTOP or SIGTSTP); kill -CONT {self.pid} resumes it"
-
-    def _mapped_lines(
-        self, pid: int, chain: list[Started], culprit: ThreadSample, code: process.CodeRanges
-    ) -> list[tuple[str, str, dict]]:
-        from importwatch.facts import process
-
-        load = next((step for step in reversed(chain) if step.kind == "native"), None)
-        if load is None:
-            return []
-        current = self.mapped.scan() or {}
-        new = [path for path in current if path not in self.mapped_before]
-        lines: list[tuple[str, str, dict]] = []
-        if new:
-            names = ", ".join(os.path.basename(path) for path in new)
-            lines.append(("outside", f"mapped since dlopen {load.name} began: {names}", {"mapped": new}))
-        on_stack = process.libraries_on_stack(pid, culprit, code)
-        # The file in dlopen counts too: the watcher may read the maps only after dlopen mapped it.
-        candidates = {*new, os.path.realpath(load.name), load.name}
-        initialising = next((path for path in on_stack if path in candidates), None)
-        how = "innermost new library on its stack"
-        if initialising is None and new:
-            # No stack to read: mmap hands out addresses top down, so the lowest is the last mapped.
-            initialising, how = new[0], "mapped last"
-        if initialising is None:
-            initialising, how = os.path.realpath(load.name), "the file in dlopen, or one it needs"
-        if initialising is not None:
-            lines.append(
-                (
-                    "outside",
-                    f"most likely initialising: {initialising} ({how})",
-                    {"initialising": initialising},
-                )
-            )
-        if on_stack:
-            shown = ", ".join(os.path.basename(path) for path in on_stack[:8])
-            lines.append(("outside", f"libraries on the stack, innermost first: {shown}", {}))
-        return lines
-
     # -- the end -------------------------------------------------------------------------------
     def ended(self) -> int:
         """The program is gone (or has exec'd): one line if it died with something in flight."""
@@ -660,9 +451,9 @@ class Watcher:
         if self.clean or not chains:
             return 0
         now = time.monotonic()
-        name = _culprit(chains)
+        name = culprit_of(chains)
         stack = chains[name]
-        chain = " > ".join(_describe(step, now) for step in stack)
+        chain = " > ".join(describe(step, now) for step in stack)
         if status is None:
             how = "ended without a clean exit (its exit status was gone before the watcher could read it)"
         else:
@@ -671,10 +462,9 @@ class Watcher:
                 how += ", ended by --exit-on-stall after the stall report"
             elif os.WIFEXITED(status):
                 how += " without a clean exit (os._exit, or exit() called from C)"
-        message = (
-            f"process {self.pid} {how} after {now - stack[0].start:.1f} s with in flight: {name}: {chain}"
-        )
-        self.sink.event(DIED, {"message": message, "status": status, "chain": f"{name}: {chain}"})
+        seconds = round(now - stack[0].start, 1)
+        fields = {"process": self.pid, "how": how, "seconds": seconds, "chain": f"{name}: {chain}"}
+        self.sink.event(DIED, {**fields, "status": status})
         return 0
 
 

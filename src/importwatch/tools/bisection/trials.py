@@ -10,7 +10,7 @@ import threading
 import time
 
 from importwatch import config
-from importwatch.events import IMPORT, NATIVE, VERDICT
+from importwatch.events import EXIT, IMPORT, IMPORT_END, NATIVE, STALL, START, VERDICT
 from importwatch.events.read import parse_line
 from importwatch.inflight import InFlight, Started
 from importwatch.signame import signal_name
@@ -127,22 +127,22 @@ class LogState:
         kind = event.kind
         if self.flying.follows(kind):
             self.flying.follow(event, key, seq=self._seq)
-            if kind == "import":
+            if kind == IMPORT:
                 self._unwinding.pop(key, None)
                 if event.pid == self.pids[0]:
                     self._first_start.setdefault(event.name, self._seq)
-            elif kind == "native":
+            elif kind == NATIVE:
                 self._unwinding.pop(key, None)
-            elif kind == "import_end":
+            elif kind == IMPORT_END:
                 self._ended(key, event.name, event.error)
-        elif kind == "start":
+        elif kind == START:
             self.started = True
-        elif kind == "stall":
+        elif kind == STALL:
             self.stalled_thread = (event.pid, event.fields.get("stalled") or event.thread)
-        elif kind == "exit":
+        elif kind == EXIT:
             self.exit_on_stall = True
         elif kind == VERDICT:  # importwatch's own warnings are no verdict on the program
-            self.verdicts.append((self._seq, event.pid, event.text.strip()))
+            self.verdicts.append((self._seq, event.pid, "! " + event.fields["verdict"]))
 
     def _ended(self, key: tuple[int, str], name: str, error: str | None) -> None:
         if error is None:
@@ -179,7 +179,7 @@ class LogState:
             chains.items(),
             key=lambda item: (
                 item[0][0] != root,
-                item[1][-1].kind != "native",
+                item[1][-1].kind != NATIVE,
                 item[0][1] != "MainThread",
                 -len(item[1]),
             ),
@@ -389,11 +389,11 @@ def _classify(
     outcome.returncode = returncode
     outcome.completed = state.completed()
     if stack:
-        outcome.chain = [step.name for step in stack if step.kind == "import"]
-        natives = [step.name for step in stack if step.kind == "native"]
+        outcome.chain = [step.name for step in stack if step.kind == IMPORT]
+        natives = [step.name for step in stack if step.kind == NATIVE]
         outcome.native = natives[-1] if natives else None
         top = outcome.chain[-1].partition(".")[0] if outcome.chain else None
-        entered = [step.seq for step in stack if step.kind == "import" and step.name.partition(".")[0] == top]
+        entered = [step.seq for step in stack if step.kind == IMPORT and step.name.partition(".")[0] == top]
         if entered:
             outcome.completed = state.completed(before=entered[0])
         if key is not None:

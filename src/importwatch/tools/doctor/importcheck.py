@@ -9,7 +9,7 @@ import sys
 import tempfile
 
 from importwatch import config
-from importwatch.events import OUTSIDE, VERDICT
+from importwatch.events import OUTSIDE, STALL, VERDICT
 from importwatch.events.read import parse_line
 from importwatch.facts import cuda
 from importwatch.inflight import InFlight, named_once
@@ -89,7 +89,7 @@ def check_import(
     if modules != [module]:
         result["modules"] = modules
     top = [e for e in events if e.kind == "import_end" and e.name in modules and e.thread == "MainThread"]
-    stalled = any(e.kind == "stall" for e in events)
+    stalled = any(e.kind == STALL for e in events)
     flying = _in_flight(events)
     if status == 0:
         result["status"] = "ok"

@@ -292,7 +292,7 @@ def _ending_text(event: Event) -> str:
     """What the report says of a DIED or EXIT event: its line's words, less the watcher's `outside: `."""
     fields = event.fields
     if event.kind == DIED:
-        return f"died during import: {fields['message']}"
+        return render(DIED, fields)[len("outside: ") :]
     if fields.get("status") is None:
         return f"--exit-on-stall: {fields['message']}"
     return render(EXIT, fields)

@@ -1,0 +1,79 @@
+"""How busy a thread of this process is: its share of a CPU over a short look that no debugger's stop spoils.
+
+Also this process's kernel threads. Runs in the heartbeat thread (see watchdog.py); reads
+/proc/self only.
+"""
+
+from __future__ import annotations
+
+import _thread
+import os
+import time
+
+from importwatch.facts import procstat
+from importwatch.tracing.sink import CLOCKS
+
+# The look: _LOOK seconds in which the process ran free, in steps of _STEP, of which at most _STEPS
+# are taken (see share).
+_LOOK = 0.2
+_STEP = 0.05
+_STEPS = 40
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def tasks() -> set[str]:
+    """The kernel thread ids of this process."""
+    try:
+        return set(os.listdir("/proc/self/task"))
+    except OSError:
+        return set()
+
+
+def _demand(task: str) -> float | None:
+    """Seconds thread TASK (/proc/self/task/TID) has run or waited in the run queue for a CPU.
+
+    On a loaded machine a spinning thread gets only part of a CPU, yet never waits
+    for anything else; without schedstat, its CPU time has to do.
+    """
+    seconds = procstat.schedstat(f"{task}/schedstat")
+    return seconds if seconds is not None else _cpu_seconds(f"{task}/stat")
+
+
+def _cpu_seconds(stat_path: str) -> float | None:
+    """User plus system CPU seconds of one thread, from /proc/self/task/TID/stat."""
+    fields = procstat.fields(stat_path)
+    try:
+        return procstat.cpu_ticks(fields) / _TICK if fields is not None else None
+    except (IndexError, ValueError):
+        return None
+
+
+def share(tid: int) -> float | None:
+    """The share of time thread TID (its kernel id) ran or was ready to run, over _LOOK seconds in which the
+    process ran free.
+
+    A debugger reading stacks (the watcher's gdb, or a person's) stops every thread,
+    and a stopped busy thread looks idle: so the look is made of short steps, and a
+    step counts only when no debugger was attached at either end and this thread,
+    too, lost no time to a stop: a step that overran its length by more than it
+    waited for a CPU (a loaded machine) was stopped for the rest. None when it
+    cannot be read, or when no _LOOK seconds free of stops came within _STEPS steps.
+    """
+    task = f"/proc/self/task/{tid}"
+    me = f"/proc/self/task/{_thread.get_native_id()}"
+    used = spent = 0.0
+    before, mine, began = _demand(task), _demand(me), CLOCKS.monotonic()
+    for _ in range(_STEPS):
+        free = not procstat.tracer_pid()
+        time.sleep(_STEP)
+        after, mine_after, ended = _demand(task), _demand(me), CLOCKS.monotonic()
+        if before is None or after is None or mine is None or mine_after is None:
+            return None
+        stopped = (ended - began) - _STEP - (mine_after - mine)
+        if free and stopped < _STEP and not procstat.tracer_pid():
+            used += after - before
+            spent += ended - began
+            if spent >= _LOOK:
+                return used / spent
+        before, mine, began = after, mine_after, ended
+    return None

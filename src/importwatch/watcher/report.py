@@ -1,0 +1,322 @@
+"""The watcher's report of a stall, in words: a headline first, then each thread, the native load, the stacks.
+
+The headline is one line a person can act on: the state from outside (busy, waiting on
+what, stopped), the shared object in flight and whether its constructor runs, what the
+program said of it, the advice, and the chain in flight. The rest is detail. Native
+stacks come folded on the terminal (the interpreter's and the dynamic loader's frames
+counted, importwatch's threads counted) and whole in the log, when there is one.
+Used by watcher/loop.py's Watcher, which this class is a part of.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from importwatch.facts import process, stacks
+    from importwatch.facts.mapped import MappedObjects
+    from importwatch.facts.process import ThreadSample
+    from importwatch.inflight import Started
+
+# Names the program's own threads of ours are announced under (see watchdog.py).
+OUR_THREADS = {"importwatch-heartbeat": "importwatch's heartbeat (ours)"}
+TIMER_THREAD = "faulthandler's timer thread, armed by importwatch (ours)"
+_THREAD_LINES = 12  # threads listed one per line; the rest are counted
+# Native frames the program can do nothing about, by source file or function: CPython's own, and the
+# dynamic loader's (whose call_init says a constructor runs: the headline says so already).
+_INTERPRETER_SOURCE = re.compile(r" at \.{0,2}/?(?:Python|Objects|Include|Parser|Programs)/")
+_INTERPRETER_CODE = re.compile(
+    r"^(?:_?Py|cfunction_|method_vectorcall|builtin_|do_call_core|object_vacall|import_find_and_load|"
+    r"import_name|_imp_|slot_tp_|call_function|pymain_|run_mod|run_eval_code_obj|pyrun_)"
+)
+_LOADER_SOURCE = re.compile(r" at \.{0,2}/?(?:elf|dlfcn)/")
+
+
+def culprit_of(chains: dict[str, list[Started]]) -> str:
+    """The thread a report is about: the main thread when it has something in flight, else the first."""
+    return "MainThread" if "MainThread" in chains else next(iter(chains))
+
+
+def describe(step: Started, now: float) -> str:
+    label = f"dlopen {step.name}" if step.kind == "native" else step.name
+    return f"{label} ({now - step.start:.1f} s)"
+
+
+def _frame_kind(frame: str) -> str | None:
+    """'interpreter' or 'dynamic loader' for a frame of theirs, None for one worth showing."""
+    words = frame.split()
+    name = words[1] if len(words) > 1 else ""
+    if name.startswith("0x") and len(words) > 3:  # `#N 0xADDR in NAME (...)`
+        name = words[3]
+    if name.lstrip("_") == "dlopen":  # the call the program made: kept, as the loader's frames fold
+        return None
+    if _LOADER_SOURCE.search(frame) or name in ("call_init", "_dl_init", "dl_open_worker"):
+        return "dynamic loader"
+    if _INTERPRETER_SOURCE.search(frame) or _INTERPRETER_CODE.match(name):
+        return "interpreter"
+    return None
+
+
+def folded(frames: list[str]) -> list[str]:
+    """FRAMES with each run of the interpreter's or the dynamic loader's folded to a count."""
+    lines: list[str] = []
+    run, kind = 0, None
+    for frame in frames:
+        this = _frame_kind(frame)
+        if this is not None and (kind is None or this == kind):
+            run, kind = run + 1, this
+            continue
+        if run:
+            lines.append(f"... {run} {kind} frame{'s' if run != 1 else ''}")
+        run, kind = (1, this) if this is not None else (0, None)
+        if this is None:
+            lines.append(frame)
+    if run:
+        lines.append(f"... {run} {kind} frame{'s' if run != 1 else ''}")
+    return lines
+
+
+class Composing:
+    """The lines of the watcher's reports (a part of watcher/loop.py's Watcher)."""
+
+    pid: int
+    tids: dict[str, int]
+    samples: list[tuple[float, dict[int, ThreadSample]]]
+    timer_tids: set[int]
+    lost: int
+    mapped: MappedObjects
+    mapped_before: dict[str, None]
+    sink: object
+
+    def _window(self) -> float:
+        raise NotImplementedError
+
+    def _in_flight(self) -> dict[str, list[Started]]:
+        raise NotImplementedError
+
+    # -- the stacks -------------------------------------------------------------------------
+    def _stack_lines(
+        self, found: stacks.Stacks | str, chains: dict[str, list[Started]], culprit_name: str
+    ) -> tuple[list[str], list[str]]:
+        """The stacks folded for the terminal, and whole for a log: the stalled thread first, then the
+        other threads in flight, the rest, ours last (counted, on the terminal)."""
+        if isinstance(found, str):
+            return [found], [found]
+        names = {tid: name for name, tid in self.tids.items()}
+        first = self.tids.get(culprit_name, self.pid)
+        flying = {self.tids.get(name) for name in chains}
+        ordered = sorted(
+            found.threads, key=lambda thread: (thread[0] != first, thread[0] not in flying, thread[0] or 0)
+        )
+        full: list[str] = []
+        short: list[str] = []
+        ours = []
+        for tid, header, frames in ordered:
+            label = OUR_THREADS.get(names.get(tid, ""))
+            if label is None and any("faulthandler_thread" in frame for frame in frames):
+                label = TIMER_THREAD
+                self.timer_tids.add(tid or 0)
+            if label is not None:
+                ours.append(f"{header}: {label}")
+                continue
+            name = names.get(tid)
+            head = [f"{header} {name}" if name else header] if header else []
+            full += head + frames
+            short += head + [f"  {line}" if line.startswith("...") else line for line in folded(frames)]
+        title = f"native stacks ({found.tool}, read in {found.seconds:.1f} s with the process stopped):"
+        full = [title, *(f"  {line}" for line in full), *(f"  {line}" for line in ours)]
+        if ours:
+            short.append(f"(and {len(ours)} thread{'s' if len(ours) != 1 else ''} of importwatch's own)")
+        return [title, *(f"  {line}" for line in short)], full
+
+    # -- the report -------------------------------------------------------------------------
+    def _report_lines(self, now: float) -> list[tuple[str, str, dict]]:
+        """The lines of one outside report: the headline, each thread, then what the culprit's chain adds."""
+        from importwatch.facts import process, waits
+
+        pid = self.pid
+        current = process.sample_threads(pid, detail=True)
+        if not current:
+            return []
+        earlier, seconds = self._earlier(now)
+        stat = process.process_stat(pid)
+        chains = self._in_flight()
+        culprit_name = culprit_of(chains)
+        culprit = (
+            current.get(self.tids.get(culprit_name, -1)) or current.get(pid) or next(iter(current.values()))
+        )
+        verdicts = {}
+        for tid, sample in current.items():
+            share = process.cpu_share(earlier.get(tid), sample, seconds)
+            verdicts[tid] = (process.verdict(sample, share), share)
+        stopped = stat is not None and stat.state in "Tt"
+        if stopped:
+            overall = process.STOPPED
+        else:
+            overall = verdicts[culprit.tid][0]
+            if overall == process.GONE:
+                overall = process.WAITING
+        code = process.CodeRanges(pid)
+        detail = self._thread_lines(current, verdicts, chains, code)
+        if not stopped and waits.stdin_terminal(pid) and stat is not None and stat.background:
+            detail.append(("outside", "it reads a terminal on stdin from the background: redirect stdin", {}))
+        mapped, loading = self._mapped_lines(pid, chains[culprit_name], culprit, code)
+        detail += mapped
+        said = [(step.name, warning) for step in chains[culprit_name] for warning in step.warnings]
+        for name, warning in said[1:]:
+            detail.append(("outside", f"said for {name}: {warning}", {}))
+        if self.lost:
+            lost = f"{self.lost} line{'s' if self.lost != 1 else ''}"
+            detail.append(("outside", f"the feed lost {lost}: in-flight steps may be incomplete", {}))
+        chain = " > ".join(describe(step, now) for step in chains[culprit_name])
+        told = waits.waits_on(pid, culprit) if overall == process.WAITING else None
+        what = f" ({told})" if told else ""
+        what += f"; {loading}" if loading else ""
+        what += f"; {said[0][1]}" if said else ""
+        head = self._headline(overall, culprit_name, culprit, verdicts[culprit.tid][1], seconds, stat, what)
+        return [("outside", f"{head}; in flight: {culprit_name}: {chain}", {"verdict": overall}), *detail]
+
+    def _thread_lines(
+        self,
+        current: dict[int, ThreadSample],
+        verdicts: dict[int, tuple[str, float | None]],
+        chains: dict[str, list[Started]],
+        code: process.CodeRanges,
+    ) -> list[tuple[str, str, dict]]:
+        """One line per thread: those in flight first, then the rest, ours last; a long tail of idle
+        threads is counted."""
+        from importwatch.facts import process, waits
+
+        pid = self.pid
+        names = {tid: name for name, tid in self.tids.items()}
+        ours = {tid: self._ours(tid, names.get(tid), sample, code) for tid, sample in current.items()}
+        order = sorted(
+            current, key=lambda tid: (bool(ours[tid]), names.get(tid) not in chains, tid != pid, tid)
+        )
+        lines: list[tuple[str, str, dict]] = []
+        for index, tid in enumerate(order):
+            if index == _THREAD_LINES:
+                rest = [verdicts[t][0] for t in order[index:]]
+                summary = ", ".join(f"{rest.count(v)} {v}" for v in sorted(set(rest)))
+                more = f"{len(rest)} more thread{'s' if len(rest) != 1 else ''}"
+                lines.append(("outside", f"{more}: {summary}", {}))
+                break
+            sample = current[tid]
+            if ours[tid]:
+                label = names.get(tid) or "faulthandler-timer"
+                lines.append(
+                    ("outside", f"{label} (tid {tid}): {ours[tid]}", {"thread_name": label, "tid": tid})
+                )
+                continue
+            label = names.get(tid) or f"thread-{tid}"
+            what, share = verdicts[tid]
+            body = f"{label} (tid {tid}, {sample.comm}): {self._state_text(sample, share)}: {what}"
+            if what != process.BUSY:
+                waiting = waits.waits_on(pid, sample)
+                if waiting:
+                    body += f"; {waiting}"
+            lines.append(("outside", body, {"thread_name": label, "tid": tid, "verdict": what}))
+        return lines
+
+    def _ours(self, tid: int, name: str | None, sample: ThreadSample, code: process.CodeRanges) -> str | None:
+        """What a thread of ours is, or None for the program's own threads."""
+        from importwatch.facts import process
+
+        if name in OUR_THREADS:
+            return OUR_THREADS[name]
+        if tid in self.timer_tids or (name is None and process.is_timer_thread(self.pid, sample, code)):
+            self.timer_tids.add(tid)
+            return TIMER_THREAD
+        return None
+
+    def _earlier(self, now: float) -> tuple[dict[int, ThreadSample], float]:
+        """The sample about one window ago, taken during the stall, and the seconds since."""
+        window = self._window()
+        for when, sample in self.samples:
+            if now - when <= window * 1.3:
+                return sample, now - when
+        if self.samples:
+            when, sample = self.samples[-1]
+            return sample, now - when
+        return {}, 0.0
+
+    @staticmethod
+    def _state_text(sample: ThreadSample, share: float | None) -> str:
+        text = sample.state_name
+        if sample.wchan:
+            text += f" in {sample.wchan}"
+        if share is not None:
+            text += f", {share * 100:.0f}% CPU"
+        return text
+
+    def _headline(self, overall, name, culprit, share, seconds, stat, what: str) -> str:
+        """The headline's words for OVERALL, with WHAT (what it waits on, the load, what was said of it)."""
+        from importwatch.facts import process
+
+        who = f"{name} {self._state_text(culprit, share)}"
+        span = f" over the last {seconds:.1f} s" if seconds else ""
+        if overall == process.BUSY:
+            return (
+                f"busy, not stuck: {who}{span}{what}; a long import that keeps a CPU busy is often CUDA JIT "
+                "(compiling PTX for this GPU) or a build, and ends by itself"
+            )
+        if overall == process.STOPPED:
+            state = stat.state_name if stat else "stopped"
+            return f"stopped: process {self.pid} is {state}, nothing runs{what}; {self._stopped_hint(stat)}"
+        return f"waiting: {who}{span}{what}; not using CPU: blocked, not slow"
+
+    def _stopped_hint(self, stat) -> str:
+        if stat is not None and stat.background:
+            return (
+                "it is a background job of its terminal: touching the terminal stops it (SIGTTIN/SIGTTOU); "
+                "redirect stdin (< /dev/null) or run it in the foreground"
+            )
+        from importwatch.facts import process
+
+        tracer = process.tracer_pid(self.pid)
+        if tracer:
+            return (
+                f"pid {tracer} {process.command_of(tracer)} is debugging it (ptrace): it goes on when freed"
+            )
+        return f"something stopped it (SIGSTOP or SIGTSTP); kill -CONT {self.pid} resumes it"
+
+    def _mapped_lines(
+        self, pid: int, chain: list[Started], culprit: ThreadSample, code: process.CodeRanges
+    ) -> tuple[list[tuple[str, str, dict]], str]:
+        """What the native load in flight mapped and which library most likely initialises, and the
+        headline's words on that load ("" when none is in flight)."""
+        from importwatch.facts import process
+
+        load = next((step for step in reversed(chain) if step.kind == "native"), None)
+        if load is None:
+            return [], ""
+        current = self.mapped.scan() or {}
+        new = [path for path in current if path not in self.mapped_before]
+        lines: list[tuple[str, str, dict]] = []
+        if new:
+            names = ", ".join(os.path.basename(path) for path in new)
+            lines.append(("outside", f"mapped since dlopen {load.name} began: {names}", {"mapped": new}))
+        on_stack = process.libraries_on_stack(pid, culprit, code)
+        # The file in dlopen counts too: the watcher may read the maps only after dlopen mapped it.
+        candidates = {*new, os.path.realpath(load.name), load.name}
+        initialising = next((path for path in on_stack if path in candidates), None)
+        running = initialising is not None
+        how = "innermost new library on its stack"
+        if initialising is None and new:
+            # No stack to read: mmap hands out addresses top down, so the lowest is the last mapped.
+            initialising, how = new[0], "mapped last"
+        if initialising is None:
+            initialising, how = os.path.realpath(load.name), "the file in dlopen, or one it needs"
+        lines.append(
+            ("outside", f"most likely initialising: {initialising} ({how})", {"initialising": initialising})
+        )
+        if on_stack:
+            shown = ", ".join(os.path.basename(path) for path in on_stack[:8])
+            lines.append(("outside", f"libraries on the stack, innermost first: {shown}", {}))
+        base = os.path.basename(initialising)
+        loading = (
+            f"in the constructor of {base}" if running else f"in dlopen, most likely initialising {base}"
+        )
+        return lines, loading
