@@ -13,11 +13,13 @@ import time
 from importwatch.facts import procstat
 from importwatch.tracing.sink import CLOCKS
 
-# The look: _LOOK seconds in which the process ran free, in steps of _STEP, of which at most _STEPS
+# The look: _LOOK seconds in which the process ran free, in steps of _STEP, of which at most STEPS
 # are taken (see share).
 _LOOK = 0.2
 _STEP = 0.05
-_STEPS = 40
+STEPS = 40
+# Before a report's headline, which must not wait long for a debugger to let go (see watchdog.py).
+FIRST_STEPS = 10
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -48,7 +50,7 @@ def _cpu_seconds(stat_path: str) -> float | None:
         return None
 
 
-def share(tid: int) -> float | None:
+def share(tid: int, steps: int = STEPS) -> float | None:
     """The share of time thread TID (its kernel id) ran or was ready to run, over _LOOK seconds in which the
     process ran free.
 
@@ -57,13 +59,13 @@ def share(tid: int) -> float | None:
     step counts only when no debugger was attached at either end and this thread,
     too, lost no time to a stop: a step that overran its length by more than it
     waited for a CPU (a loaded machine) was stopped for the rest. None when it
-    cannot be read, or when no _LOOK seconds free of stops came within _STEPS steps.
+    cannot be read, or when no _LOOK seconds free of stops came within STEPS steps.
     """
     task = f"/proc/self/task/{tid}"
     me = f"/proc/self/task/{_thread.get_native_id()}"
     used = spent = 0.0
     before, mine, began = _demand(task), _demand(me), CLOCKS.monotonic()
-    for _ in range(_STEPS):
+    for _ in range(steps):
         free = not procstat.tracer_pid()
         time.sleep(_STEP)
         after, mine_after, ended = _demand(task), _demand(me), CLOCKS.monotonic()

@@ -17,7 +17,7 @@ from __future__ import annotations
 import _thread
 import sys
 
-from importwatch.events import RESUMED, STALL, STALL_CONTEXT, STALL_THREADS
+from importwatch.events import BUSY, RESUMED, STALL, STALL_CONTEXT, STALL_THREADS
 from importwatch.facts import procstat
 from importwatch.tracing import cpushare, stalls, threads
 from importwatch.tracing import report as reporting
@@ -364,12 +364,10 @@ class Watchdog:
         self._fold_in(now, chains, culprit)
         self._tell_due()
         sink = self.sink
-        # Looked at first: the headline says whether the thread is busy or stuck.
-        share = self._cpu_share(culprit)
+        # Looked at first, briefly: the headline says whether the thread is busy or stuck. A look that a
+        # debugger's stop spoils is taken again, longer, after the report, for --exit-on-stall's decision.
+        share = self._cpu_share(culprit, cpushare.FIRST_STEPS)
         busy = share is not None and share >= _BUSY
-        debugger = procstat.tracer_pid() if share is None else 0
-        # The step may have ended while its CPU use was being looked at (see step_ended).
-        ended = self._stalled.get(culprit, (None,))[0] is not top
         stacks_now = reporting.now_stacks()
         waits = stalls.waits(chains)
         thread_name = sink.thread_name
@@ -393,8 +391,15 @@ class Watchdog:
             order = [culprit, *(ident for ident in chains if ident != culprit)]
             ours = {_thread.get_ident(), *sink.own_threads()}
             reporting.detail(sink, lines[1:], context, share if busy else None, stacks_now, order, ours)
-        # Looked at again after the report: a step that ended meanwhile has its end line written
-        # already (step_ended then waits for this report).
+        if share is None and self.exit_on_stall:
+            share = self._cpu_share(culprit)
+            if share is not None and share >= _BUSY:
+                busy = True
+                sink.event(BUSY, {"stalled": thread_name(culprit), "cpu": round(min(share, 1.0), 2)})
+        debugger = procstat.tracer_pid() if share is None else 0
+        # Looked at after the report: a step that ended meanwhile (during the CPU look) has its end
+        # line written already (step_ended then waits for this report).
+        ended = self._stalled.get(culprit, (None,))[0] is not top
         ends = self.exit_on_stall and not busy and not ended and self._on_chain(culprit, top)
         if ends and debugger:
             text = f"--exit-on-stall does not end it: a debugger, pid {debugger}, is attached"
@@ -428,10 +433,10 @@ class Watchdog:
             if ident in related or now + self.interval >= since + limit * _GROWTH**reports:
                 self._stalled[ident] = (top, since, reports + 1)
 
-    def _cpu_share(self, ident: int) -> float | None:
+    def _cpu_share(self, ident: int, steps: int = cpushare.STEPS) -> float | None:
         """The share of a CPU thread IDENT used just now (see cpushare.share); None when unknown."""
         tid = self.tracer.native_ids.get(ident)
-        return None if tid is None else cpushare.share(tid)
+        return None if tid is None else cpushare.share(tid, steps)
 
     def _limit(self, frame: TracedStep) -> float:
         """A step's stall threshold: its own timeout (a phase's), or the watchdog's."""
