@@ -121,7 +121,9 @@ def test_stderr_none_writes_nothing_at_a_stall_that_holds_the_gil(built: Path) -
 
 def test_ctrl_c_at_a_stall_says_the_import_was_interrupted(tmp_path: Path, start) -> None:
     root = _package(tmp_path, 60)
-    proc = start(traced("--timeout", "1", "--no-watcher", "-c", "import outer"), PYTHONPATH=str(root))
+    # Ctrl-C as at a terminal: a shell without job control starts background jobs with SIGINT ignored.
+    code = "import signal; signal.signal(signal.SIGINT, signal.default_int_handler); import outer"
+    proc = start(traced("--timeout", "1", "--no-watcher", "-c", code), PYTHONPATH=str(root))
     proc.wait_for("] STALL ", 30)
     proc.wait_for("interpreter frames", 30)  # the whole report is out
     proc.process.send_signal(signal.SIGINT)
