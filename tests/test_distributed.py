@@ -63,7 +63,9 @@ def read_events(path: Path) -> list:
 
 
 def events_of(text: str) -> list:
-    return [event for event in map(parse_line, text.splitlines()) if event is not None]
+    """The events of TEXT but site's .pth lines (steps named `.pth`, before the program runs)."""
+    events = [event for event in map(parse_line, text.splitlines()) if event is not None]
+    return [event for event in events if not (event.kind in ("step", "step_end") and event.name == ".pth")]
 
 
 def wait_for(path: Path, kind: str, seconds: float = 30) -> list:
