@@ -35,6 +35,10 @@ if TYPE_CHECKING:
 _GROWTH = 2.0
 # How late faulthandler may fire after the heartbeat would have reported.
 _GRACE = 0.3
+# And later still for a repeat of a report the heartbeat wrote (Python could run then): the watcher's
+# gdb holds every thread while it reads stacks (a second or two on a loaded machine), and a timer
+# that fires on release would dump raw stacks where one line is due.
+_REPEAT_GRACE = 3.0
 # A stalled thread running, or ready to run, at least this share of the time is busy, not stuck.
 _BUSY = 0.5
 # How long stop() waits for the heartbeat to end (it is woken first, so this is only a bound).
@@ -324,6 +328,7 @@ class Watchdog:
             self._disarm()
             return self.longest
         due: float | None = None
+        deadline = 0.0
         for ident, chain in chains.items():
             top = chain[-1]
             limit = self._limit(top)
@@ -334,11 +339,13 @@ class Watchdog:
             if now >= next_report:
                 self.report(now, chains, ident)
                 return self.interval  # another chain may be due as well
+            fires = next_report + _GRACE + (_REPEAT_GRACE if reports else 0.0)
+            deadline = fires if due is None else min(deadline, fires)
             due = next_report if due is None else min(due, next_report)
         if due is None:
             self._disarm()  # nothing in flight may be reported: no deadline, not even a guard's
             return self.longest
-        self._arm(due + _GRACE, now)
+        self._arm(deadline, now)
         pause = min(due - now, self.longest)
         armed = self._armed_for
         if armed is not None:
@@ -367,6 +374,14 @@ class Watchdog:
         # Looked at first, briefly: the headline says whether the thread is busy or stuck. A look that a
         # debugger's stop spoils is taken again, longer, after the report, for --exit-on-stall's decision.
         share = self._cpu_share(culprit, cpushare.FIRST_STEPS)
+        if not self._on_chain(culprit, top):
+            # It ended during the look: no report of a step that has its end line already (a first
+            # report is then not due at all, nor its RESUMED; a repeat's RESUMED still follows).
+            if reports == 1:
+                del self._stalled[culprit]
+            else:
+                self._stalled[culprit] = (top, since, reports - 1)
+            return
         busy = share is not None and share >= _BUSY
         stacks_now = reporting.now_stacks()
         waits = stalls.waits(chains)
@@ -407,7 +422,7 @@ class Watchdog:
         elif ends:
             # Timed afresh: NOW is from before the CPU look and the stacks.
             self._ending.end_job(sink, CLOCKS.monotonic() - chains[culprit][0].start)  # never returns
-        self._arm(since + self._limit(top) * _GROWTH**reports + _GRACE, now)
+        self._arm(since + self._limit(top) * _GROWTH**reports + _GRACE + _REPEAT_GRACE, now)
 
     def _on_chain(self, ident: int, step: TracedStep) -> bool:
         """Whether STEP is still in flight on thread IDENT's chain."""
