@@ -374,14 +374,6 @@ class Watchdog:
         # Looked at first, briefly: the headline says whether the thread is busy or stuck. A look that a
         # debugger's stop spoils is taken again, longer, after the report, for --exit-on-stall's decision.
         share = self._cpu_share(culprit, cpushare.FIRST_STEPS)
-        if not self._on_chain(culprit, top):
-            # It ended during the look: no report of a step that has its end line already (a first
-            # report is then not due at all, nor its RESUMED; a repeat's RESUMED still follows).
-            if reports == 1:
-                del self._stalled[culprit]
-            else:
-                self._stalled[culprit] = (top, since, reports - 1)
-            return
         busy = share is not None and share >= _BUSY
         stacks_now = reporting.now_stacks()
         waits = stalls.waits(chains)
