@@ -148,7 +148,8 @@ def test_the_program_and_its_children_see_the_runner_s_settings_and_never_its_pr
     assert c_side == str(variables)
     # The child is traced as IMPORTWATCH=1 traces any python (its start line shows its whole command
     # line), not as the runner's program.
-    assert child == "child ran 1 False"
+    # (Python 3.9 has no sys.orig_argv: its start line shows argv as the program will see it.)
+    assert child == "child ran 1 False" or (sys.version_info < (3, 10) and child == "child ran 1 True")
     assert "argv=['main.py']" in done.stderr
 
 

@@ -70,10 +70,12 @@ def test_a_script_python_cannot_read_fails_with_python_s_own_message(tmp_path: P
     (tmp_path / "broken.py").write_bytes(SOURCES[source])
     runs = three_ways(["broken.py"], tmp_path)
     plain = runs["plain"]
-    assert plain.returncode == 1 and "SyntaxError" in plain.stderr
+    runs_before_the_nul = source == "nul" and sys.version_info < (3, 10)  # 3.9 reads up to a NUL byte
+    assert runs_before_the_nul or (plain.returncode == 1 and "SyntaxError" in plain.stderr)
+    expected = (plain.returncode, plain.stdout, plain.stderr)
     for name in ("runner", "IMPORTWATCH=1"):
         run = runs[name]
-        assert (run.returncode, run.stdout, _ours_removed(run.stderr)) == (1, "", plain.stderr), name
+        assert (run.returncode, run.stdout, _ours_removed(run.stderr)) == expected, name
 
 
 @pytest.mark.parametrize(
