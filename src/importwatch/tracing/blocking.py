@@ -19,7 +19,7 @@ import _thread
 import os
 import sys
 
-from importwatch.events import SIGNAL, STEP, STEP_END, VERDICT  # loaded at start-up, by the Sink
+from importwatch.events import SIGNAL  # loaded at start-up, by the Sink
 from importwatch.masking import mask_environment
 from importwatch.tracing import threads
 from importwatch.tracing.sink import CLOCKS
@@ -93,24 +93,8 @@ class BlockingSteps:
         kwargs: dict,
     ) -> Any:
         """FUNCTION(*ARGS, **KWARGS) as the step NAME: start line and problems first, then the end line."""
-        tracer = self.tracer
-        frame, depth = tracer.push(f"step {name}", "step")
-        frame.context = context
-        try:  # from the push on: whatever fails, ours or the step's, the step is popped
-            tracer.write(STEP, {"name": name, "detail": detail}, depth)
-            for problem in problems:
-                tracer.write(VERDICT, {"verdict": f"{name}: {problem}"}, 0)
-            result = function(*args, **kwargs)
-        except BaseException as error:
-            now = tracer.pop(frame)
-            ms = (now - frame.start) * 1000.0
-            tracer.write(
-                STEP_END, {"name": name, "ms": ms, "error": f"{type(error).__name__}: {error}"}, depth
-            )
-            raise
-        now = tracer.pop(frame)
-        tracer.write(STEP_END, {"name": name, "ms": (now - frame.start) * 1000.0}, depth)
-        return result
+        fields = {"name": name, "detail": detail}
+        return self.tracer.run_step(f"step {name}", fields, function, args, kwargs, context, problems)
 
     # -- multiprocessing's terminate and kill -------------------------------------------
     def _wrap_popen_fork(self, module: Any) -> None:

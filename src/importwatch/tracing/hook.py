@@ -19,7 +19,7 @@ import _thread
 import sys
 import types
 
-from importwatch.events import IMPORT_END, escape
+from importwatch.events import IMPORT_END, STEP, STEP_END, VERDICT, escape
 from importwatch.tracing.forklocks import owner_text
 from importwatch.tracing.sink import CLOCKS
 
@@ -367,6 +367,36 @@ class Tracer:
         for that very name; that is every interpreter's start, not news. site imports each once."""
         self.on_start.pop(name, None)
         return _bootstrap._find_spec(name, None) is None
+
+    def run_step(
+        self,
+        label: str,
+        fields: dict,
+        function: Callable,
+        args: tuple = (),
+        kwargs: dict | None = None,
+        context: Callable[[], list[str]] | None = None,
+        problems: tuple[str, ...] | list[str] = (),
+    ) -> Any:
+        """FUNCTION(*ARGS, **KWARGS) as a step (LABEL on a stall's chain): its start line with FIELDS
+        (name, detail), PROBLEMS as verdicts, then its end line, with the error if it raised. Whatever
+        fails from the push on, ours or the step's, the step is popped (blocking steps, .pth lines)."""
+        frame, depth = self.push(label, "step")
+        frame.context = context
+        name = fields["name"]
+        try:
+            self.write(STEP, fields, depth)
+            for problem in problems:
+                self.write(VERDICT, {"verdict": f"{name}: {problem}"}, 0)
+            result = function(*args, **(kwargs or {}))
+        except BaseException as error:
+            now = self.pop(frame)
+            ms = (now - frame.start) * 1000.0
+            self.write(STEP_END, {"name": name, "ms": ms, "error": f"{type(error).__name__}: {error}"}, depth)
+            raise
+        now = self.pop(frame)
+        self.write(STEP_END, {"name": name, "ms": (now - frame.start) * 1000.0}, depth)
+        return result
 
     def write(self, kind: str, fields: dict, depth: int) -> None:
         """sink.event for a step's own lines, off the hot path: a line that cannot be written (a

@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import sys
 
-from importwatch.events import STEP, STEP_END
 from importwatch.tracing import phases
 
 TYPE_CHECKING = False
@@ -79,19 +78,7 @@ def _traced_exec(path: str) -> Callable[..., None]:
         scope = (caller.f_globals, dict(caller.f_locals))
         number = caller.f_locals.get("n")
         where = f"{path}:{number + _FIRST_LINE}" if isinstance(number, int) else path
-        frame, depth = tracer.push(f"step {STEP_NAME} {where}", "step")
-        frame.context = lambda: [_context(where, source)]
-        try:  # from the push on: whatever fails, ours or the line's, the step is popped
-            tracer.write(STEP, {"name": STEP_NAME, "detail": where}, depth)
-            exec(source, *scope)
-        except BaseException as error:
-            now = tracer.pop(frame)
-            ms = (now - frame.start) * 1000.0
-            tracer.write(
-                STEP_END, {"name": STEP_NAME, "ms": ms, "error": f"{type(error).__name__}: {error}"}, depth
-            )
-            raise
-        now = tracer.pop(frame)
-        tracer.write(STEP_END, {"name": STEP_NAME, "ms": (now - frame.start) * 1000.0}, depth)
+        label, fields = f"step {STEP_NAME} {where}", {"name": STEP_NAME, "detail": where}
+        tracer.run_step(label, fields, exec, (source, *scope), context=lambda: [_context(where, source)])
 
     return exec_line
