@@ -36,7 +36,8 @@ def test_a_warning_and_a_log_record_with_stacklevel_3_in_a_module_body_blame_wha
     (tmp_path / "main.py").write_text("import mod\n")
     runs = three_ways(["main.py"], tmp_path, runner_options=QUIET, IMPORTWATCH_STDERR="none")
     plain = runs["plain"]
-    assert plain.stderr.startswith("sys:1: UserWarning: blame my importer's importer\n"), plain.stderr
+    # Nothing below the script's frame: sys:1 (<sys>:0 on 3.13), never a file of ours.
+    assert plain.stderr.startswith(("sys:1: UserWarning", "<sys>:0: UserWarning")), plain.stderr
     for name in ("runner", "IMPORTWATCH=1"):
         assert (runs[name].returncode, _ours_removed(runs[name].stderr)) == (0, plain.stderr), name
 

@@ -69,8 +69,9 @@ def _frames(tstate):
             else:
                 code, first, following = frame["f_code"], frame["f_localsplus"][0], frame["f_back"]
             name, filename = _text(code["co_name"]), _text(code["co_filename"])
-            argument = (_text(first) or "") if name in _NAMED else ""
-            print(_FRAME, name, filename, argument, sep="\t")
+            if filename is not None:  # else no code object: the interpreter's own entry frame (3.12+)
+                argument = (_text(first) or "") if name in _NAMED else ""
+                print(_FRAME, name, filename, argument, sep="\t")
         except (gdb.error, gdb.MemoryError):
             print(_FRAME, "?", "?", "", sep="\t")
             return
