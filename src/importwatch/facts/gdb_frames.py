@@ -69,7 +69,8 @@ def _frames(tstate):
             else:
                 code, first, following = frame["f_code"], frame["f_localsplus"][0], frame["f_back"]
             name, filename = _text(code["co_name"]), _text(code["co_filename"])
-            if filename is not None:  # else no code object: the interpreter's own entry frame (3.12+)
+            # The interpreter's own entry frames: a shim code object (3.12) or none at all (3.13).
+            if filename not in (None, "<shim>"):
                 argument = (_text(first) or "") if name in _NAMED else ""
                 print(_FRAME, name, filename, argument, sep="\t")
         except (gdb.error, gdb.MemoryError):
