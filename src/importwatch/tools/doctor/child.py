@@ -77,6 +77,11 @@ class _OutsideLook:
                 return
             share = process.cpu_share(self.last[1], main, now - self.last[0]) if self.last else None
             self.last = (now, main)
+            if share is None and self.view is not None:
+                # The first look after a stop of ours: a thread let go runs for a moment (a sleep
+                # restarts, a read resumes) and looks busy. The view from before the stop stands
+                # until a second look measures a share.
+                return
             state = process.verdict(main, share)
             if state == process.GONE or _being_killed(self.pid):
                 # Ended or ending (its watcher kills a stopped child; a stopped process runs for
