@@ -190,9 +190,10 @@ def tracer_of(pid: int) -> int:
 @needs_gdb
 def test_after_a_kill_mid_report_only_the_death_line(tmp_path):
     module(tmp_path, "slowimp", SLEEP.format(seconds=60))
+    log = tmp_path / "run.log"
     process = subprocess.Popen(
-        traced("--timeout", "1", "-c", "import slowimp"), cwd=tmp_path, env=clean_env(),
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        traced("--timeout", "1", "--log", str(log), "-c", "import slowimp"), cwd=tmp_path,
+        env=clean_env(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )  # fmt: skip
     seen = b""
     deadline = time.monotonic() + 30
@@ -204,14 +205,80 @@ def test_after_a_kill_mid_report_only_the_death_line(tmp_path):
     assert tracer_of(process.pid), "the watcher's gdb never attached"
     os.kill(process.pid, signal.SIGKILL)  # the watcher is in the middle of its report: reading stacks
     before, after = read_after_reap(process)
-    late = (seen + before + after).decode()
+    # Reaped at once: the parent has the status, so nothing of ours may follow on stderr; the
+    # death line, with what was in flight, is in the log (and on stderr only if it beat the reap).
+    assert b"[importwatch " not in after, after.decode()
+    late = (seen + before).decode()
     late = late[late.index("outside: waiting:") :]
-    tail = [line for line in after.decode().splitlines() if line]
-    assert all("outside: died during import" in line for line in tail), after.decode()
     died = [line for line in late.splitlines() if "outside: died during import" in line]
-    assert len(died) == 1 and "SIGKILL" in died[0], late
-    after_death = late[late.index("outside: died during import") :].splitlines()[1:]
+    assert len(died) <= 1, late
+    if died:
+        assert late.splitlines()[-1] == died[0], late
+    logged = [line for line in log.read_text().splitlines() if "outside: died during import" in line]
+    assert len(logged) == 1 and "SIGKILL" in logged[0] and "slowimp" in logged[0], log.read_text()
+    after_death = log.read_text().split("outside: died during import", 1)[1].splitlines()[1:]
     assert after_death == [], after_death
+
+
+PARENT = """\
+import os, signal, subprocess, sys, time
+how = os.environ["HOW"]
+job = subprocess.Popen(sys.argv[1:], stdin=subprocess.DEVNULL)
+if how == "kill":
+    time.sleep(1.5)
+    os.kill(job.pid, signal.SIGKILL)
+elif how == "kill-mid-report":  # while the watcher's debugger reads the stacks
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        with open(f"/proc/{job.pid}/status") as status:
+            if any(line.split() != ["TracerPid:", "0"] for line in status if line.startswith("TracerPid:")):
+                break
+        time.sleep(0.002)
+    os.kill(job.pid, signal.SIGKILL)
+status = job.wait()
+print(f"PARENT: the job ended with {status}", file=sys.stderr, flush=True)
+time.sleep(2.5)  # what the watcher would still write lands here, after the parent's line
+"""
+# How the job dies with an import in flight: (its module, importwatch's options).
+DIES = {
+    "kill": ("import time\ntime.sleep(60)\n", ["--timeout", "30"]),
+    "kill-mid-report": ("import time\ntime.sleep(60)\n", ["--timeout", "1"]),
+    "os._exit": (
+        "import os, threading, time\nthreading.Timer(1.0, os._exit, (3,)).start()\ntime.sleep(60)\n",
+        ["--timeout", "30"],
+    ),
+    # the demo's: a constructor holds the GIL in dlopen, faulthandler's timer ends the program
+    "exit-on-stall": ("import hangext\n", ["--timeout", "1", "--exit-on-stall"]),
+}
+WORDS = {
+    "kill": "SIGKILL",
+    "kill-mid-report": "SIGKILL",
+    "os._exit": "status 3 without a clean exit",
+    "exit-on-stall": "ended by --exit-on-stall",
+}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("how", sorted(DIES))
+def test_no_line_of_ours_after_the_parent_saw_the_death(tmp_path, built, how):
+    # The shape of `python demo/stuck_job.py` and of a shell: the parent reaps the job at once and
+    # prints; the watcher's death line must not come after that, and the log still has it.
+    if how == "kill-mid-report" and shutil.which("gdb") is None:
+        pytest.skip("gdb is not installed")
+    text, options = DIES[how]
+    module(tmp_path, "dies", text)
+    (tmp_path / "parent.py").write_text(PARENT)
+    log = tmp_path / "job.log"
+    done = subprocess.run(
+        [sys.executable, "parent.py", *traced(*options, "--log", str(log), "-c", "import dies")],
+        cwd=tmp_path, env=clean_env(HOW=how, PYTHONPATH=str(built)), stdin=subprocess.DEVNULL,
+        capture_output=True, text=True, timeout=50,
+    )  # fmt: skip
+    lines = done.stderr.splitlines()
+    ended = next(i for i, line in enumerate(lines) if line.startswith("PARENT: the job ended"))
+    assert not [line for line in lines[ended:] if line.startswith("[importwatch ")], done.stderr
+    logged = [line for line in log.read_text().splitlines() if "outside: died during import" in line]
+    assert len(logged) == 1 and "dies" in logged[0] and WORDS[how] in logged[0], log.read_text()
 
 
 # -- 4. native stacks: the stalled thread first, ours named as ours ------------------------------

@@ -464,8 +464,23 @@ class Watcher(Composing):
                 how += " without a clean exit (os._exit, or exit() called from C)"
         seconds = round(now - stack[0].start, 1)
         fields = {"process": self.pid, "how": how, "seconds": seconds, "chain": f"{name}: {chain}"}
-        self.sink.event(DIED, {**fields, "status": status})
+        # Once the parent has reaped the program it has seen the end and may have said so (a
+        # shell's prompt, a parent's "done"): a line of ours after that reads as news from a later
+        # program, so the death line goes to the log only.
+        self.sink.event(DIED, {**fields, "status": status}, only=None if self._unreaped() else "log")
         return 0
+
+    def _unreaped(self) -> bool:
+        """Whether the dead program is still a zombie: its parent has not yet seen its end, so a line
+        written now comes before whatever the parent does next. A parent that reads the program's
+        stderr pipe to its end before it reaps (subprocess.run) always gets the line: the watcher
+        holds that pipe open until it has written."""
+        from importwatch.facts import process
+
+        stat = process.process_stat(self.pid)
+        if stat is None or (self.start_time is not None and stat.start != self.start_time):
+            return False
+        return stat.state == "Z"  # X: the parent is reaping it now
 
 
 def main(args: list[str] | None = None) -> int:
