@@ -8,22 +8,25 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from cbuild import FIXTURES, compile_extension, compile_shared, stand_in_torch
 from helpers import torch_dir
+from importwatch.events import TORCH as TORCH_LINE
+from importwatch.events import render
 from importwatch.facts.cuda import (
     NVIDIA_PROC,
     TorchFacts,
     cuda_major,
-    describe_torch,
     driver_verdicts,
     driver_version,
     explain_load_error,
     find_torch,
     gpus,
     native_verdicts,
+    torch_fields,
 )
 from importwatch.facts.elf import read_dynamic
 
@@ -201,7 +204,6 @@ def test_describe_the_driver_gpus_and_visible_devices(tmp_path: Path) -> None:
     )
     line = describe_torch(torch, "535.104.05", ["NVIDIA H200", "NVIDIA H200"], "0,1")
     assert line.endswith("; driver: 535.104.05, 2 GPUs (NVIDIA H200); CUDA_VISIBLE_DEVICES=0,1")
-    assert describe_torch(None).startswith("torch: not found on sys.path; driver: none")
 
 
 def test_driver_version_and_gpus_from_proc_files(tmp_path: Path) -> None:
@@ -228,10 +230,17 @@ def test_driver_of_this_machine() -> None:
     version = driver_version()
     if not os.path.exists(f"{NVIDIA_PROC}/version"):
         assert version is None and gpus() == []
-        assert describe_torch(None).endswith(f"driver: none (no {NVIDIA_PROC}/version)")
+        assert f"driver: none (no {NVIDIA_PROC}/version)" in describe_torch(TorchFacts("/t", "2", None))
     else:
         assert version is not None and version.replace(".", "").isdigit()
         assert len(gpus()) == len(os.listdir(f"{NVIDIA_PROC}/gpus"))
+
+
+def describe_torch(facts: TorchFacts, *args: Any, **named: Any) -> str:
+    """The torch line written before import, as the log has it (without its tail)."""
+    line = render(TORCH_LINE, torch_fields(facts, *args, **named))
+    assert line.endswith(" (from its files, before import)")
+    return line.removesuffix(" (from its files, before import)")
 
 
 def test_cuda_major_of_sonames() -> None:

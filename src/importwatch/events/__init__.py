@@ -52,7 +52,7 @@ VERDICT = "verdict"  # verdict: what is wrong with a native load, a blocking ste
 WARNING = "warning"  # message: importwatch's own trouble (a log it cannot open, an internal error)
 START = "start"  # python, executable, argv, cwd, platform, dumps
 ENV = "env"  # env (the relevant variables, NAME: VALUE)
-TORCH = "torch"  # message (its version, build and place): version, cuda, path; driver before import
+TORCH = "torch"  # version, cuda, hip, path; before import: before, runtimes, driver, gpus, models, visible
 STALL = "stall"  # seconds, stalled (the thread), chain (in flight), report, busy, at; chains
 STALL_THREAD = "stall_thread"  # chain: another thread in flight at a stall
 STALL_CONTEXT = "stall_context"  # context
@@ -100,12 +100,15 @@ EXTRAS = {
 NO_ENV = "(no CUDA, library path or distributed variable is set)"
 # The tail of the torch line written from torch's files, before it imports.
 BEFORE_IMPORT = " (from its files, before import)"
+# The torch line's words for what it does not find.
+NO_RUNTIME = "none found (torch/lib, nvidia wheels, LD_LIBRARY_PATH, /usr/local/cuda*)"
+NO_DRIVER = "none (no /proc/driver/nvidia/version)"
+NO_VISIBLE = "CUDA_VISIBLE_DEVICES is empty: no GPU visible"
 
 # Kinds whose line is one field after a fixed head, and that field. The rest are rendered from
-# their fields by _RENDER. TORCH and OUTSIDE still carry their words in `message`, with the
-# fields a reader needs beside it (read back from the words by events/read.py).
+# their fields by _RENDER. OUTSIDE still carries its words in `message`, with the fields a reader
+# needs beside it (read back from the words by events/read.py).
 _PROSE = {
-    TORCH: ("torch ", "message"),
     STALL_THREAD: ("  also in flight: ", "chain"),
     STALL_CONTEXT: ("  context: ", "context"),
     STALL_THREADS: ("  threads: ", "threads"),
@@ -288,6 +291,39 @@ def _stall(fields: dict) -> str:
     return f"STALL {head}{where}; in flight: {fields['stalled']}: {fields['chain']}"
 
 
+def torch_build(fields: dict) -> str:
+    """What torch is built for, in words: 'built for CUDA 12.1', 'ROCm build, HIP 6.0', ..."""
+    if fields.get("cuda"):
+        return f"built for CUDA {fields['cuda']}"
+    if fields.get("hip"):
+        return f"ROCm build, HIP {fields['hip']}"
+    if fields.get("version") is None:
+        return "version unknown: no torch/version.py"
+    return "CPU build, no CUDA"
+
+
+def _torch(fields: dict) -> str:
+    """`torch VERSION (BUILD) at PATH`; before import, from its files, also the CUDA runtimes at hand,
+    the driver and its GPUs, and CUDA_VISIBLE_DEVICES when set."""
+    parts = [f"torch {fields.get('version') or '?'} ({torch_build(fields)}) at {fields['path']}"]
+    if not fields.get("before"):
+        return parts[0]
+    runtimes = fields.get("runtimes")
+    if runtimes is not None:
+        parts.append("CUDA runtime: " + (", ".join(runtimes) if runtimes else NO_RUNTIME))
+    driver = fields.get("driver")
+    if driver is None:
+        parts.append(f"driver: {NO_DRIVER}")
+    else:
+        gpus, models = fields.get("gpus") or 0, fields.get("models") or []
+        count = f"{gpus} GPU" + ("s" if gpus != 1 else "")
+        parts.append(f"driver: {driver}, {count}" + (f" ({', '.join(models)})" if models else ""))
+    visible = fields.get("visible")
+    if visible is not None:
+        parts.append(f"CUDA_VISIBLE_DEVICES={visible}" if visible.strip() else NO_VISIBLE)
+    return "; ".join(parts) + BEFORE_IMPORT
+
+
 def _env(fields: dict) -> str:
     env = fields["env"]
     return "env " + (" ".join(f"{name}={value}" for name, value in env.items()) if env else NO_ENV)
@@ -337,6 +373,7 @@ _RENDER: dict[str, Callable[[dict], str]] = {
     STEP_END: lambda f: f"< step {f['name']}{_ended(f)}",
     START: _start,
     ENV: _env,
+    TORCH: _torch,
     STALL: _stall,
     BUSY: _busy,
     RESUMED: _resumed,

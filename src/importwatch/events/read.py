@@ -15,7 +15,6 @@ from importwatch.events import (
     _HEADS,
     _MAX_ID,
     _PROSE,
-    BEFORE_IMPORT,
     BUSY,
     CHECKPOINT,
     DIED,
@@ -30,7 +29,6 @@ from importwatch.events import (
     MAX_TIME,
     NATIVE,
     NATIVE_END,
-    NO_ENV,
     OTHER,
     OUTSIDE,
     PHASE,
@@ -39,6 +37,7 @@ from importwatch.events import (
     START,
     STEP,
     TORCH,
+    environment,
     render,
 )
 
@@ -201,13 +200,6 @@ class _Parser:
             r"^(.*) \(timeout (\d{1,20}(?:\.\d{1,20})?(?:e[+-]\d{1,3})?) s\)$", re.DOTALL
         )
         # What the prose of some kinds shows, read back into their fields (events.EXTRAS lists the rest).
-        # torch: `VERSION (BUILD) at PATH`; before import, then `; CUDA runtime: ...; driver: ...`.
-        self.torch = re.compile(r"^(\S+) \((?:built for CUDA (\S+)|[^()]*)\) at (.*)$", re.DOTALL)
-        # Before import, the driver's part: `VERSION, N GPUs (MODELS)` (or `none (...)`).
-        self.gpus = re.compile(r"\d{1,6} GPUs?(?: \(.*\))?", re.DOTALL)
-        self.env_name = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-        # Each NAME=VALUE after the first begins at a space before a name (upper case, as all of ours).
-        self.env_split = re.compile(r" (?=[A-Z][A-Za-z0-9_]*=)")
         self.busy = re.compile(r"^(\S+) used (\d{1,4})% of a CPU just now", re.DOTALL)
         self.resumed = re.compile(
             rf"^ after {number} s: (.*) (ended|interrupted \(KeyboardInterrupt\))(?: \(stacks dumped (.*)\))?$",
@@ -226,8 +218,14 @@ class _Parser:
         self.still = re.compile(rf"^still (.{{1,40}}?) after {number} s \(report \d{{1,9}}\): ")
         self.thread_verdict = re.compile(r"^.*?: ([a-z]+)(?:; .*)?$", re.DOTALL)
         self.initialising = re.compile(r"^most likely initialising: (.*) \([^()]*\)$", re.DOTALL)
-        self.shown = {TORCH: self._torch, OUTSIDE: self._outside}  # prose, and fields read from it
-        self.rendered = {ENV: self._env, BUSY: self._busy, RESUMED: self._resumed, DIED: self._died}
+        self.shown = {OUTSIDE: self._outside}  # prose, and fields read from it
+        self.rendered = {
+            ENV: environment.env,
+            TORCH: environment.torch,
+            BUSY: self._busy,
+            RESUMED: self._resumed,
+            DIED: self._died,
+        }
         self.signal = re.compile(r"^(\S+) to child (\d{1,10}) \((.*)\)$", re.DOTALL)
         # NaN and Infinity are not JSON: refused as they are read. The scanner alone, not json.loads:
         # one call per line, nothing else (a log holds millions).
@@ -381,41 +379,6 @@ class _Parser:
         event.fields = fields
 
     # -- the fields that a kind's prose shows (all or none: a line not as we write it gives none) --
-    def _torch(self, rest: str) -> dict[str, Any]:
-        before = rest.endswith(BEFORE_IMPORT)
-        match = self.torch.match(rest[: -len(BEFORE_IMPORT)] if before else rest)
-        if match is None:
-            return {}
-        version, cuda, where = match.groups()
-        if not before:
-            return {"version": version, "cuda": cuda, "path": where}
-        # `PATH[; CUDA runtime: ...]; driver: ...[; CUDA_VISIBLE_DEVICES...]`, cut where each part begins
-        # (string searches: a regular expression of these optional parts backtracks for minutes on
-        # a forged line).
-        where, found, said = where.partition("; driver: ")
-        if not found:
-            return {}
-        where = where.partition("; CUDA runtime: ")[0]
-        said = said.partition("; CUDA_VISIBLE_DEVICES")[0]
-        driver: str | None = None
-        if not said.startswith("none ("):
-            driver, comma, gpus = said.partition(", ")
-            if not comma or self.gpus.fullmatch(gpus) is None:
-                return {}
-        # From the files, a missing torch/version.py shows as `?` (and its build says so).
-        return {"version": None if version == "?" else version, "cuda": cuda, "path": where, "driver": driver}
-
-    def _env(self, rest: str) -> dict[str, Any]:
-        if rest == NO_ENV:
-            return {"env": {}}
-        variables = {}
-        for pair in self.env_split.split(rest):
-            name, equals, value = pair.partition("=")
-            if not equals or not self.env_name.fullmatch(name):
-                return {}
-            variables[name] = value
-        return {"env": variables}
-
     def _busy(self, rest: str) -> dict[str, Any]:
         match = self.busy.match(rest)
         return {"stalled": match.group(1), "cpu": int(match.group(2)) / 100} if match is not None else {}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import sys
 
+from importwatch.events import torch_build
 from importwatch.facts.elf import cuda_needs, library_stem
 
 TYPE_CHECKING = False
@@ -134,14 +135,13 @@ class TorchFacts:
 
     @property
     def build(self) -> str:
-        """'built for CUDA 12.1', 'CPU build, no CUDA' or 'ROCm build, HIP 6.0'."""
-        if self.cuda:
-            return f"built for CUDA {self.cuda}"
-        if self.hip:
-            return f"ROCm build, HIP {self.hip.split('-', 1)[0]}"
-        if self.version is None:
-            return "version unknown: no torch/version.py"
-        return "CPU build, no CUDA"
+        """'built for CUDA 12.1', 'CPU build, no CUDA' or 'ROCm build, HIP 6.0': the torch line's words."""
+        return torch_build(self.fields())
+
+    def fields(self) -> dict:
+        """The torch event's fields for what the files say (see importwatch.events, TORCH)."""
+        hip = self.hip.split("-", 1)[0] if self.hip else None
+        return {"version": self.version, "cuda": self.cuda, "hip": hip, "path": self.path}
 
     def __repr__(self) -> str:
         return f"TorchFacts({self.path!r}, version={self.version!r}, cuda={self.cuda!r}, hip={self.hip!r})"
@@ -375,39 +375,31 @@ def driver_verdicts(torch: TorchFacts | None, driver: str | None) -> list[str]:
     return []
 
 
-def describe_torch(
-    facts: TorchFacts | None,
+def torch_fields(
+    facts: TorchFacts,
     driver: str | None = None,
     gpu_models: Sequence[str] = (),
     visible: str | None = None,
-) -> str:
-    """One banner line: torch's version, build and place, the CUDA runtime at hand, the driver and GPUs.
+) -> dict:
+    """The torch event's fields before import: the files' facts, the CUDA runtimes at hand, the
+    driver and its GPUs (events.render says them in one line).
 
     DRIVER is driver_version(), GPU_MODELS is gpus(), VISIBLE is CUDA_VISIBLE_DEVICES (None when unset).
     """
-    if facts is None:
-        parts = ["torch: not found on sys.path"]
-    else:
-        parts = [f"torch {facts.version or '?'} ({facts.build}) at {facts.path}"]
-        if facts.runtimes and (facts.cuda or facts.version is None):
-            parts.append("CUDA runtime: " + ", ".join(f"{r.name} ({r.origin})" for r in facts.runtimes))
-        elif facts.cuda:
-            parts.append(
-                "CUDA runtime: none found (torch/lib, nvidia wheels, LD_LIBRARY_PATH, /usr/local/cuda*)"
-            )
-    if driver is None:
-        parts.append(f"driver: none (no {NVIDIA_PROC}/version)")
-    else:
-        count = f"{len(gpu_models)} GPU" + ("s" if len(gpu_models) != 1 else "")
-        models = sorted(set(gpu_models))
-        parts.append(f"driver: {driver}, {count}" + (f" ({', '.join(models)})" if models else ""))
-    if visible is not None:
-        parts.append(
-            f"CUDA_VISIBLE_DEVICES={visible}"
-            if visible.strip()
-            else "CUDA_VISIBLE_DEVICES is empty: no GPU visible"
-        )
-    return "; ".join(parts)
+    runtimes: list[str] | None = None  # None: not said (a CPU build); []: none found
+    if facts.runtimes and (facts.cuda or facts.version is None):
+        runtimes = [f"{runtime.name} ({runtime.origin})" for runtime in facts.runtimes]
+    elif facts.cuda:
+        runtimes = []
+    return {
+        **facts.fields(),
+        "before": True,
+        "runtimes": runtimes,
+        "driver": driver,
+        "gpus": len(gpu_models),
+        "models": sorted(set(gpu_models)),
+        "visible": None if visible is None else visible if visible.strip() else "",
+    }
 
 
 def _demangle_prefix(symbol: str) -> str | None:

@@ -68,15 +68,17 @@ def write_banner(sink: Sink, argv: list[str]) -> None:
 
 
 def torch_loaded(sink: Sink, torch: Any) -> None:
-    """Once torch has imported: its version and the CUDA it was built for, without touching CUDA."""
-    version = getattr(torch, "__version__", "?")
-    cuda = getattr(getattr(torch, "version", None), "cuda", None)
-    build = f"built for CUDA {cuda}" if cuda else "CPU build, no CUDA"
-    where = os.path.dirname(getattr(torch, "__file__", "") or "") or "?"
-    sink.event(
-        TORCH,
-        {"message": f"{version} ({build}) at {where}", "version": str(version), "cuda": cuda, "path": where},
-    )
+    """Once torch has imported: its version and the CUDA (or HIP) it was built for, without touching CUDA."""
+    version = getattr(torch, "__version__", None)
+    built = getattr(torch, "version", None)
+    hip = getattr(built, "hip", None)
+    fields = {
+        "version": None if version is None else str(version),
+        "cuda": getattr(built, "cuda", None),
+        "hip": str(hip).split("-", 1)[0] if hip else None,
+        "path": os.path.dirname(getattr(torch, "__file__", "") or "") or "?",
+    }
+    sink.event(TORCH, fields)
 
 
 def torch_before(sink: Sink, cuda: Any, facts: TorchFacts | None, driver: str | None) -> None:
@@ -87,9 +89,6 @@ def torch_before(sink: Sink, cuda: Any, facts: TorchFacts | None, driver: str | 
     if facts is None:
         return
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    line = cuda.describe_torch(facts, driver, cuda.gpus(), visible)
-    fields = {"version": facts.version, "cuda": facts.cuda, "path": facts.path, "driver": driver}
-    # describe_torch's line starts with the word torch, the kind's head.
-    sink.event(TORCH, {"message": f"{line.removeprefix('torch ')} (from its files, before import)", **fields})
+    sink.event(TORCH, cuda.torch_fields(facts, driver, cuda.gpus(), visible))
     for verdict in cuda.driver_verdicts(facts, driver):
         sink.event(VERDICT, {"verdict": verdict})

@@ -14,6 +14,7 @@ from importwatch.events import (
     EXIT,
     IMPORT,
     NATIVE,
+    OUTSIDE,
     SIGNAL,
     START,
     VERDICT,
@@ -219,7 +220,7 @@ class Process:
 
 
 # Lines about a process that it did not write itself: the watcher's, and its own end.
-_NOT_OWN = frozenset(("outside", DIED, EXIT))
+_NOT_OWN = frozenset((OUTSIDE, DIED, EXIT))
 # Text logs' clocks are cut to the millisecond: a signal's line may read a millisecond early.
 _CLOCK_SLACK = 0.002
 
