@@ -15,7 +15,7 @@ from importwatch.tools.report.fastread import read_summary
 from importwatch.tools.report.logread import LogError, Skipped, read_events
 from importwatch.tools.report.page import page
 from importwatch.tools.report.timeline import Ending, Node, Process, Thread, Timeline
-from importwatch.tools.report.trees import marks, note, render
+from importwatch.tools.report.trees import count, marks, note, render
 from importwatch.usage import UsageError, argument_parser, fail
 
 EXIT_OK = 0
@@ -320,8 +320,8 @@ def _process_head(
     failed = f" ({digest.failed} failed)" if digest.failed else ""
     out.append(
         f"  {process.first_clock} to {process.last_clock}: {_duration(process.seconds * 1000.0)} "
-        f"from first to last line; {_count(digest.imports, 'import')}{failed}, "
-        f"{_count(digest.natives, 'native load')}, {_count(max(threads, 1), 'thread')}"
+        f"from first to last line; {count(digest.imports, 'import')}{failed}, "
+        f"{count(digest.natives, 'native load')}, {count(max(threads, 1), 'thread')}"
     )
     if process.torch:
         out.append(f"  {process.torch}")
@@ -358,7 +358,7 @@ def _in_flight_lines(
     elif not in_flight:
         out.append("  nothing else in flight when the log ends")
     if process.orphans:
-        out.append(f"  {_count(process.orphans, 'end')} without a start in this process (forked mid-import)")
+        out.append(f"  {count(process.orphans, 'end')} without a start in this process (forked mid-import)")
     return out
 
 
@@ -421,7 +421,3 @@ def _table(rows: list[_Row], where: bool) -> list[str]:
 
 def _duration(ms: float) -> str:
     return f"{ms / 1000.0:.1f} s" if ms >= 1000.0 else f"{ms:.1f} ms"
-
-
-def _count(number: int, noun: str) -> str:
-    return f"{number} {noun}{'' if number == 1 else 's'}"

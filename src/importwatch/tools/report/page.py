@@ -24,6 +24,7 @@ from importwatch.events.read import Event
 from importwatch.tools.report.fastread import read_summary
 from importwatch.tools.report.logread import Skipped
 from importwatch.tools.report.timeline import NOTES, Ending, Node, Process, Thread, Timeline, place
+from importwatch.tools.report.trees import count
 
 # A step's kind as the page's rows give it (page.js's KINDS has the same order).
 _KIND_CODES = {IMPORT: 0, NATIVE: 1, PHASE: 2}  # anything else: a blocking step (3)
@@ -231,10 +232,6 @@ def _ms(ms: float) -> str:
     return f"{ms / 1000.0:.2f} s" if ms >= 1000.0 else f"{ms:.1f} ms"
 
 
-def _count(number: int, noun: str) -> str:
-    return f"{number} {noun}{'' if number == 1 else 's'}"
-
-
 class _Facts:
     """What one process's section and headline say, gathered in one walk of its steps."""
 
@@ -284,7 +281,7 @@ def _headline(process: Process, facts: _Facts) -> list[str]:
     elif facts.state == "stalled":
         out.append(
             f'<p class="head stalled"><span class="tag">Stalled</span> {_e(process.name)}: '
-            f"{_count(facts.stall_count, 'stall report')}, and then every step ended</p>"
+            f"{count(facts.stall_count, 'stall report')}, and then every step ended</p>"
         )
     for _, clock, text in process.verdicts[:TOP]:
         out.append(f'<p class="fix">Verdict at {_e(clock)}: {_e(text[2:] if text[:2] == "! " else text)}</p>')
@@ -305,8 +302,8 @@ def _section(number: int, process: Process, facts: _Facts, opened: bool, headlin
     failed = f" ({facts.failed} failed)" if facts.failed else ""
     parts.append(
         f'<p class="facts">{_e(process.first_clock)} to {_e(process.last_clock)}: '
-        f"{_ms(process.seconds * 1000.0)}; {_count(facts.imports, 'import')}{failed}, "
-        f"{_count(facts.natives, 'native load')}, {_count(max(len(process.threads), 1), 'thread')}</p>"
+        f"{_ms(process.seconds * 1000.0)}; {count(facts.imports, 'import')}{failed}, "
+        f"{count(facts.natives, 'native load')}, {count(max(len(process.threads), 1), 'thread')}</p>"
     )
     if process.torch:
         parts.append(f'<p class="facts">{_e(process.torch)}</p>')

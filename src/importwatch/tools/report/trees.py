@@ -29,6 +29,11 @@ def render(processes: list[Process], form: str, min_ms: float = 0.0, source: str
     return chrome(processes, min_ms, source)
 
 
+def count(number: int, noun: str) -> str:
+    """`1 import`, `3 imports`: a number and its noun, for the summary and the page."""
+    return f"{number} {noun}{'' if number == 1 else 's'}"
+
+
 def marks(node: Node) -> str:
     if node.unfinished:
         return UNFINISHED
