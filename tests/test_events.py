@@ -181,52 +181,74 @@ EXAMPLES: list[tuple[str, dict, int]] = [
     (
         events.OUTSIDE,
         {
-            "message": "waiting: MainThread sleeping in futex_wait_queue, 0% CPU over the last 2.0 s; "
-            "not using CPU: blocked, not slow; in flight: MainThread: fastkern (2.1 s)",
             "verdict": "waiting",
+            "look": "MainThread sleeping in futex_wait_queue, 0% CPU over the last 2.0 s; not using CPU: "
+            "blocked, not slow",
+            "stalled": "MainThread",
+            "chain": "fastkern (2.1 s) > dlopen /s p/_k.so (2.0 s)",
         },
         0,
     ),
     (
         events.OUTSIDE,
         {
-            "message": "still waiting after 64.5 s (report 4): MainThread sleeping in hrtimer_nanosleep, 0% CPU "
-            "(in clock_nanosleep: sleeping on a timer); not using CPU: blocked, not slow; in flight: "
-            "MainThread: sleepy (64.5 s)",
-            "verdict": "waiting",
+            "verdict": "busy",
+            "look": "MainThread running, 99% CPU over the last 1.0 s; a long import ...",
+            "stalled": "MainThread",
+            "chain": "spin (1.5 s)",
         },
         0,
     ),
     (
         events.OUTSIDE,
         {
-            "message": "T (tid 7, python3): sleeping in futex_wait_queue, 0% CPU: waiting; waits on a lock",
             "verdict": "waiting",
+            "look": "MainThread sleeping in hrtimer_nanosleep, 0% CPU (in clock_nanosleep: sleeping on a "
+            "timer); not using CPU: blocked, not slow",
+            "stalled": "MainThread",
+            "chain": "sleepy (64.5 s)",
+            "report": 4,
+            "after": 64.5,
+        },
+        0,
+    ),
+    (
+        events.OUTSIDE,
+        {
             "thread_name": "T",
             "tid": 7,
+            "comm": "python3",
+            "state": "sleeping in futex_wait_queue, 0% CPU",
+            "verdict": "waiting",
+            "waits": "waits on a lock",
         },
         0,
     ),
     (
         events.OUTSIDE,
         {
-            "message": "importwatch-heartbeat (tid 9): importwatch's heartbeat (ours)",
-            "thread_name": "importwatch-heartbeat",
-            "tid": 9,
+            "thread_name": "worker",
+            "tid": 8,
+            "comm": "my worker: 2",
+            "state": "running, 100% CPU",
+            "verdict": "busy",
+            "waits": None,
         },
         0,
     ),
     (
         events.OUTSIDE,
-        {
-            "message": "most likely initialising: /s p/libx.so (innermost new library on its stack)",
-            "initialising": "/s p/libx.so",
-        },
+        {"thread_name": "importwatch-heartbeat", "tid": 9, "ours": "importwatch's heartbeat (ours)"},
         0,
     ),
     (
         events.OUTSIDE,
-        {"message": "mapped since dlopen /s/_k.so began: libx.so", "mapped": ["/s p/libx.so"]},
+        {"initialising": "/s p/libx.so", "how": "innermost new library on its stack"},
+        0,
+    ),
+    (
+        events.OUTSIDE,
+        {"load": "/s/_k.so", "names": ["libx.so", "liby.so.1"], "mapped": ["/s p/libx.so", "/l/liby.so.1"]},
         0,
     ),
     (
@@ -234,6 +256,7 @@ EXAMPLES: list[tuple[str, dict, int]] = [
         {"message": "pid 9 gdb is debugging it: left as it is, not killed (--exit-on-stall)"},
         0,
     ),
+    (events.OUTSIDE, {"message": "  #1 block_in_constructor (tid 3): from /x.so"}, 0),
     (
         events.DIED,
         {
@@ -346,9 +369,9 @@ def test_a_line_not_as_we_write_its_kind_reads_as_other() -> None:
 
 
 def test_a_thread_name_in_another_script_reads_back_escaped_from_both_lines(tmp_path: Path) -> None:
-    name = "W\u00f6rker \u7ebf\u7a0b"
-    message = f"{name} (tid 8, pt_main): running, 97% CPU: busy"
-    fields = {"message": message, "verdict": "busy", "thread_name": name, "tid": 8}
+    name = "W\u00f6rker_\u7ebf\u7a0b"  # the Sink's thread names have no spaces
+    fields = {"thread_name": name, "tid": 8, "comm": "pt_main", "state": "running, 97% CPU", "verdict": "busy"}
+    fields["waits"] = None
     read = []
     for log in ("a.log", "a.jsonl"):
         sink = Sink(os.open(os.devnull, os.O_WRONLY))  # the Sink takes it over as its copy of stderr
@@ -360,8 +383,8 @@ def test_a_thread_name_in_another_script_reads_back_escaped_from_both_lines(tmp_
         line = (tmp_path / log).read_text()
         assert line.isascii()
         read.append(read_line(line).data())
-    escaped = "W\\xf6rker \\u7ebf\\u7a0b"
-    assert read[0] == read[1] == {**fields, "message": message.replace(name, escaped), "thread_name": escaped}
+    escaped = "W\\xf6rker_\\u7ebf\\u7a0b"
+    assert read[0] == read[1] == {**fields, "thread_name": escaped}
 
 
 # Imports that end well and badly, a name that needs escaping, an extension module and a ctypes load.

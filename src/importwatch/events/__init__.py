@@ -59,9 +59,11 @@ STALL_CONTEXT = "stall_context"  # context
 STALL_THREADS = "stall_threads"  # threads: faulthandler's addresses and their names
 BUSY = "busy"  # stalled (the thread), cpu (the share of a CPU it used)
 RESUMED = "resumed"  # name, seconds, interrupted (no name: Python runs again), dumped (where stacks went)
-OUTSIDE = (
-    "outside"  # message: the watcher's look from outside; verdict, thread_name, tid, initialising, mapped
-)
+# The watcher's look from outside, one of: a headline (verdict, look, stalled, chain; a repeat's
+# report and after), a thread (thread_name, tid, comm, state, verdict, waits; one of ours: ours),
+# the library initialising (initialising, how), what a load mapped (load, names, mapped), or a
+# detail in words (message: native stacks, notes).
+OUTSIDE = "outside"
 DIED = "died"  # process, how, seconds, chain, status: the program died with something in flight
 EXIT = "exit"  # status (None: the watcher ends the program), message: ended on purpose
 FORK = "fork"  # parent (pid)
@@ -96,6 +98,10 @@ EXTRAS = {
     STALL: ("chains",),
     OUTSIDE: ("mapped",),
 }
+# Every line of the watcher's look starts so.
+OUTSIDE_HEAD = "outside: "
+# The watcher's headline starts with its verdict (facts/process.py's words), in these words.
+OUTSIDE_HEADS = {"waiting": "waiting", "busy": "busy, not stuck", "stopped": "stopped"}
 # The env line when none of the variables it shows is set.
 NO_ENV = "(no CUDA, library path or distributed variable is set)"
 # The tail of the torch line written from torch's files, before it imports.
@@ -106,13 +112,11 @@ NO_DRIVER = "none (no /proc/driver/nvidia/version)"
 NO_VISIBLE = "CUDA_VISIBLE_DEVICES is empty: no GPU visible"
 
 # Kinds whose line is one field after a fixed head, and that field. The rest are rendered from
-# their fields by _RENDER. OUTSIDE still carries its words in `message`, with the fields a reader
-# needs beside it (read back from the words by events/read.py).
+# their fields by _RENDER.
 _PROSE = {
     STALL_THREAD: ("  also in flight: ", "chain"),
     STALL_CONTEXT: ("  context: ", "context"),
     STALL_THREADS: ("  threads: ", "threads"),
-    OUTSIDE: ("outside: ", "message"),
     VERDICT: ("! ", "verdict"),
     WARNING: ("! importwatch: ", "message"),
     OTHER: ("", "message"),
@@ -133,7 +137,7 @@ _HEADS = (
     ("RESUMED", RESUMED),
     (_DIED_HEAD, DIED),
     (_EXIT_OUTSIDE, EXIT),
-    ("outside: ", OUTSIDE),
+    (OUTSIDE_HEAD, OUTSIDE),
     ("  context: ", STALL_CONTEXT),
     (_BUSY_HEAD, BUSY),
     ("  threads: ", STALL_THREADS),
@@ -324,6 +328,28 @@ def _torch(fields: dict) -> str:
     return "; ".join(parts) + BEFORE_IMPORT
 
 
+def _outside(fields: dict) -> str:
+    """One line of the watcher's look from outside; which one, its fields say (see OUTSIDE)."""
+    if "look" in fields:
+        head = OUTSIDE_HEADS.get(fields["verdict"], fields["verdict"])
+        report = fields.get("report") or 1
+        if report > 1:
+            head = f"still {head} after {fields['after']:.1f} s (report {report})"
+        return f"{OUTSIDE_HEAD}{head}: {fields['look']}; in flight: {fields['stalled']}: {fields['chain']}"
+    if "tid" in fields:
+        who = f"{OUTSIDE_HEAD}{fields['thread_name']} (tid {fields['tid']}"
+        if fields.get("comm") is None:  # one of importwatch's own threads
+            return f"{who}): {fields['ours']}"
+        waits = fields.get("waits")
+        tail = f"; {waits}" if waits else ""
+        return f"{who}, {fields['comm']}): {fields['state']}: {fields['verdict']}{tail}"
+    if "initialising" in fields:
+        return f"{OUTSIDE_HEAD}most likely initialising: {fields['initialising']} ({fields['how']})"
+    if "load" in fields:
+        return f"{OUTSIDE_HEAD}mapped since dlopen {fields['load']} began: {', '.join(fields['names'])}"
+    return OUTSIDE_HEAD + fields["message"]
+
+
 def _env(fields: dict) -> str:
     env = fields["env"]
     return "env " + (" ".join(f"{name}={value}" for name, value in env.items()) if env else NO_ENV)
@@ -377,6 +403,7 @@ _RENDER: dict[str, Callable[[dict], str]] = {
     STALL: _stall,
     BUSY: _busy,
     RESUMED: _resumed,
+    OUTSIDE: _outside,
     DIED: _died,
     EXIT: _exit,
     FORK: lambda f: f"fork child of {f['parent']}",

@@ -38,6 +38,7 @@ from importwatch.events import (
     STEP,
     TORCH,
     environment,
+    outside,
     render,
 )
 
@@ -212,19 +213,13 @@ class _Parser:
             r"^was killed by (?:(SIG[A-Z0-9+]+)|signal (\d{1,3}))(?: \([^()]*\))?(, core dumped)?$"
         )
         self.exited = re.compile(r"^exited with status (\d{1,3})(?:[ ,].*)?$", re.DOTALL)
-        # The watcher's line on one thread: `LABEL (tid N, COMM): STATE: VERDICT[; WAITS]`, or
-        # `LABEL (tid N): WHAT` for one of ours.
-        self.outside_thread = re.compile(r"^(\S.*?) \(tid (\d{1,10})(?:, (.{1,64}?))?\): (.*)$", re.DOTALL)
-        self.still = re.compile(rf"^still (.{{1,40}}?) after {number} s \(report \d{{1,9}}\): ")
-        self.thread_verdict = re.compile(r"^.*?: ([a-z]+)(?:; .*)?$", re.DOTALL)
-        self.initialising = re.compile(r"^most likely initialising: (.*) \([^()]*\)$", re.DOTALL)
-        self.shown = {OUTSIDE: self._outside}  # prose, and fields read from it
         self.rendered = {
             ENV: environment.env,
             TORCH: environment.torch,
             BUSY: self._busy,
             RESUMED: self._resumed,
             DIED: self._died,
+            OUTSIDE: outside.fields,
         }
         self.signal = re.compile(r"^(\S+) to child (\d{1,10}) \((.*)\)$", re.DOTALL)
         # NaN and Infinity are not JSON: refused as they are read. The scanner alone, not json.loads:
@@ -336,9 +331,6 @@ class _Parser:
         """The fields of a line that is not nested; REST is what follows its head."""
         if kind in _PROSE:
             event.fields = {_PROSE[kind][1]: rest}
-            shown = self.shown.get(kind)
-            if shown is not None:
-                event.fields.update(shown(rest))
             return
         fields: dict[str, Any] | None = None
         if kind in self.rendered:
@@ -414,28 +406,6 @@ class _Parser:
         fields = {"process": _bounded(int(process)), "how": how, "seconds": _ms(seconds)}
         return {**fields, "status": status, "chain": chain}
 
-    def _outside(self, rest: str) -> dict[str, Any]:
-        repeated = self.still.match(rest)  # a later report's headline: `still HEAD after N s (report K): `
-        if repeated is not None:
-            rest = f"{repeated.group(1)}: {rest[repeated.end() :]}"
-        for head, verdict in _OUTSIDE_HEADLINES:
-            if rest.startswith(head) and "; in flight: " in rest:
-                return {"verdict": verdict}
-        if rest.startswith("most likely initialising: "):
-            match = self.initialising.match(rest)
-            return {"initialising": match.group(1)} if match is not None else {}
-        match = self.outside_thread.match(rest)
-        if match is None:
-            return {}
-        label, tid, comm, said = match.groups()
-        fields: dict[str, Any] = {"thread_name": label, "tid": _bounded(int(tid))}
-        if comm is not None:  # a thread of the program's: its verdict follows its state
-            verdict = self.thread_verdict.match(said)
-            if verdict is None:
-                return {}
-            fields["verdict"] = verdict.group(1)
-        return fields
-
     def _start(self, rest: str) -> dict[str, Any] | None:
         import ast
 
@@ -504,8 +474,6 @@ class _Parser:
 
 
 _HEADER = frozenset(("time", "pid", "thread", "rank", "kind", "text"))
-# The heads of the watcher's report headline, by its verdict (facts/process.py's words).
-_OUTSIDE_HEADLINES = (("waiting: ", "waiting"), ("busy, not stuck: ", "busy"), ("stopped: ", "stopped"))
 
 
 def _take(event: Event, key: str, value: Any) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import sys
 
-from importwatch.events import DIED, EXIT, VERDICT, WARNING, render
+from importwatch.events import DIED, EXIT, OUTSIDE, VERDICT, WARNING, render
 from importwatch.watcher.report import Composing, culprit_of, describe
 
 TYPE_CHECKING = False
@@ -239,15 +239,13 @@ class Watcher(Composing):
 
         self.reports += 1
         lines = self._report_lines(now)
-        verdict = lines[0][2].get("verdict") if lines else None
+        verdict = lines[0][1].get("verdict") if lines else None
         chains = self._in_flight()
         told, self.told = self.told, (chains[culprit_of(chains)][-1] if chains else None, verdict)
         repeat = bool(lines) and told == self.told
         if repeat:  # the same step, in the same state: its headline alone, said to be a repeat
-            kind, message, fields = lines[0]
-            head, _, rest = message.partition(": ")
-            after = f"still {head} after {now - self.progress:.1f} s (report {self.reports}): {rest}"
-            lines = [(kind, after, fields)]
+            kind, fields = lines[0]
+            lines = [(kind, {**fields, "report": self.reports, "after": round(now - self.progress, 1)})]
         if not self._say(lines) or not self.reports:
             return  # the program exited, died or moved on meanwhile
         # With --exit-on-stall the program's watchdog may be timing a busy thread's CPU use to decide
@@ -262,7 +260,7 @@ class Watcher(Composing):
         if self.exit_on_stall and self.reports and ends:
             self._end_stalled(verdict)
 
-    def _say(self, lines: list[tuple[str, str, dict]]) -> bool:
+    def _say(self, lines: list[tuple[str, dict]]) -> bool:
         """Write LINES at once, unless the program has exited or died meanwhile; False when not."""
         if not self._hold():
             return False
@@ -298,24 +296,24 @@ class Watcher(Composing):
         except OSError:
             pass
 
-    def _write(self, lines: list[tuple[str, str, dict]], only: str | None = None) -> bool:
+    def _write(self, lines: list[tuple[str, dict]], only: str | None = None) -> bool:
         """LINES, while the lock is held; none if the program died meanwhile (only the death line is due).
         ONLY: "log" or "stderr" for lines that go to one of them (see Sink.event)."""
         if not self._alive():
             self.silent = True
             return False
-        for kind, message, fields in lines:
-            self.sink.event(kind, {"message": message, **fields}, only=only)
+        for kind, fields in lines:
+            self.sink.event(kind, fields, only=only)
         return True
 
     def _write_stacks(self, short: list[str], full: list[str]) -> None:
         """The stacks whole to the log and folded on the terminal, which says where the rest is."""
         if self.sink.log_path is None:
-            self._write([("outside", line, {}) for line in short])
+            self._write([(OUTSIDE, {"message": line}) for line in short])
             return
-        self._write([("outside", line, {}) for line in full], only="log")
+        self._write([(OUTSIDE, {"message": line}) for line in full], only="log")
         short = [*short, f"full stacks in {self.sink.log_path}"]
-        self._write([("outside", line, {}) for line in short], only="stderr")
+        self._write([(OUTSIDE, {"message": line}) for line in short], only="stderr")
 
     def _alive(self) -> bool:
         from importwatch.facts import process
@@ -403,7 +401,14 @@ class Watcher(Composing):
                 self.told_foreign = True
                 who = f"pid {tracer} {process.command_of(tracer)}"
                 self._say(
-                    [("outside", f"{who} is debugging it: left as it is, not killed (--exit-on-stall)", {})]
+                    [
+                        (
+                            OUTSIDE,
+                            {
+                                "message": f"{who} is debugging it: left as it is, not killed (--exit-on-stall)"
+                            },
+                        )
+                    ]
                 )
             return
         from importwatch.facts import family
@@ -413,7 +418,7 @@ class Watcher(Composing):
         message = f"the program is {verdict}, not busy: killing it"
         if started:
             message += f" and what it started: {', '.join(f'{pid} {name}' for pid, name in started)}"
-        said = self._say([(EXIT, message, {"status": None})])
+        said = self._say([(EXIT, {"status": None, "message": message})])
         if not said:
             return
         self.clean = True

@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 import re
 
+from importwatch.events import OUTSIDE
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from importwatch.facts import process, stacks
@@ -132,7 +134,7 @@ class Composing:
         return [title, *(f"  {line}" for line in short)], full
 
     # -- the report -------------------------------------------------------------------------
-    def _report_lines(self, now: float) -> list[tuple[str, str, dict]]:
+    def _report_lines(self, now: float) -> list[tuple[str, dict]]:
         """The lines of one outside report: the headline, each thread, then what the culprit's chain adds."""
         from importwatch.facts import process, waits
 
@@ -161,22 +163,25 @@ class Composing:
         code = process.CodeRanges(pid)
         detail = self._thread_lines(current, verdicts, chains, code)
         if not stopped and waits.stdin_terminal(pid) and stat is not None and stat.background:
-            detail.append(("outside", "it reads a terminal on stdin from the background: redirect stdin", {}))
+            detail.append(
+                (OUTSIDE, {"message": "it reads a terminal on stdin from the background: redirect stdin"})
+            )
         mapped, loading = self._mapped_lines(pid, chains[culprit_name], culprit, code)
         detail += mapped
         said = [(step.name, warning) for step in chains[culprit_name] for warning in step.warnings]
         for name, warning in said[1:]:
-            detail.append(("outside", f"said for {name}: {warning}", {}))
+            detail.append((OUTSIDE, {"message": f"said for {name}: {warning}"}))
         if self.lost:
             lost = f"{self.lost} line{'s' if self.lost != 1 else ''}"
-            detail.append(("outside", f"the feed lost {lost}: in-flight steps may be incomplete", {}))
+            detail.append((OUTSIDE, {"message": f"the feed lost {lost}: in-flight steps may be incomplete"}))
         chain = " > ".join(describe(step, now) for step in chains[culprit_name])
         told = waits.waits_on(pid, culprit) if overall == process.WAITING else None
         what = f" ({told})" if told else ""
         what += f"; {loading}" if loading else ""
         what += f"; {said[0][1]}" if said else ""
-        head = self._headline(overall, culprit_name, culprit, verdicts[culprit.tid][1], seconds, stat, what)
-        return [("outside", f"{head}; in flight: {culprit_name}: {chain}", {"verdict": overall}), *detail]
+        look = self._headline(overall, culprit_name, culprit, verdicts[culprit.tid][1], seconds, stat, what)
+        headline = {"verdict": overall, "look": look, "stalled": culprit_name, "chain": chain}
+        return [(OUTSIDE, headline), *detail]
 
     def _thread_lines(
         self,
@@ -184,7 +189,7 @@ class Composing:
         verdicts: dict[int, tuple[str, float | None]],
         chains: dict[str, list[Started]],
         code: process.CodeRanges,
-    ) -> list[tuple[str, str, dict]]:
+    ) -> list[tuple[str, dict]]:
         """One line per thread: those in flight first, then the rest, ours last; a long tail of idle
         threads is counted."""
         from importwatch.facts import process, waits
@@ -195,29 +200,25 @@ class Composing:
         order = sorted(
             current, key=lambda tid: (bool(ours[tid]), names.get(tid) not in chains, tid != pid, tid)
         )
-        lines: list[tuple[str, str, dict]] = []
+        lines: list[tuple[str, dict]] = []
         for index, tid in enumerate(order):
             if index == _THREAD_LINES:
                 rest = [verdicts[t][0] for t in order[index:]]
                 summary = ", ".join(f"{rest.count(v)} {v}" for v in sorted(set(rest)))
                 more = f"{len(rest)} more thread{'s' if len(rest) != 1 else ''}"
-                lines.append(("outside", f"{more}: {summary}", {}))
+                lines.append((OUTSIDE, {"message": f"{more}: {summary}"}))
                 break
             sample = current[tid]
             if ours[tid]:
                 label = names.get(tid) or "faulthandler-timer"
-                lines.append(
-                    ("outside", f"{label} (tid {tid}): {ours[tid]}", {"thread_name": label, "tid": tid})
-                )
+                lines.append((OUTSIDE, {"thread_name": label, "tid": tid, "ours": ours[tid]}))
                 continue
             label = names.get(tid) or f"thread-{tid}"
             what, share = verdicts[tid]
-            body = f"{label} (tid {tid}, {sample.comm}): {self._state_text(sample, share)}: {what}"
-            if what != process.BUSY:
-                waiting = waits.waits_on(pid, sample)
-                if waiting:
-                    body += f"; {waiting}"
-            lines.append(("outside", body, {"thread_name": label, "tid": tid, "verdict": what}))
+            waiting = waits.waits_on(pid, sample) if what != process.BUSY else None
+            state = self._state_text(sample, share)
+            thread = {"thread_name": label, "tid": tid, "comm": sample.comm, "state": state, "verdict": what}
+            lines.append((OUTSIDE, {**thread, "waits": waiting or None}))
         return lines
 
     def _ours(self, tid: int, name: str | None, sample: ThreadSample, code: process.CodeRanges) -> str | None:
@@ -252,20 +253,21 @@ class Composing:
         return text
 
     def _headline(self, overall, name, culprit, share, seconds, stat, what: str) -> str:
-        """The headline's words for OVERALL, with WHAT (what it waits on, the load, what was said of it)."""
+        """The headline's look for OVERALL (the event model puts the verdict's words before it), with WHAT
+        (what it waits on, the load, what was said of it)."""
         from importwatch.facts import process
 
         who = f"{name} {self._state_text(culprit, share)}"
         span = f" over the last {seconds:.1f} s" if seconds else ""
         if overall == process.BUSY:
             return (
-                f"busy, not stuck: {who}{span}{what}; a long import that keeps a CPU busy is often CUDA JIT "
+                f"{who}{span}{what}; a long import that keeps a CPU busy is often CUDA JIT "
                 "(compiling PTX for this GPU) or a build, and ends by itself"
             )
         if overall == process.STOPPED:
             state = stat.state_name if stat else "stopped"
-            return f"stopped: process {self.pid} is {state}, nothing runs{what}; {self._stopped_hint(stat)}"
-        return f"waiting: {who}{span}{what}; not using CPU: blocked, not slow"
+            return f"process {self.pid} is {state}, nothing runs{what}; {self._stopped_hint(stat)}"
+        return f"{who}{span}{what}; not using CPU: blocked, not slow"
 
     def _stopped_hint(self, stat) -> str:
         if stat is not None and stat.background:
@@ -284,7 +286,7 @@ class Composing:
 
     def _mapped_lines(
         self, pid: int, chain: list[Started], culprit: ThreadSample, code: process.CodeRanges
-    ) -> tuple[list[tuple[str, str, dict]], str]:
+    ) -> tuple[list[tuple[str, dict]], str]:
         """What the native load in flight mapped and which library most likely initialises, and the
         headline's words on that load ("" when none is in flight)."""
         from importwatch.facts import process
@@ -294,10 +296,10 @@ class Composing:
             return [], ""
         current = self.mapped.scan() or {}
         new = [path for path in current if path not in self.mapped_before]
-        lines: list[tuple[str, str, dict]] = []
+        lines: list[tuple[str, dict]] = []
         if new:
-            names = ", ".join(os.path.basename(path) for path in new)
-            lines.append(("outside", f"mapped since dlopen {load.name} began: {names}", {"mapped": new}))
+            names = [os.path.basename(path) for path in new]
+            lines.append((OUTSIDE, {"load": load.name, "names": names, "mapped": new}))
         on_stack = process.libraries_on_stack(pid, culprit, code)
         # The file in dlopen counts too: the watcher may read the maps only after dlopen mapped it.
         candidates = {*new, os.path.realpath(load.name), load.name}
@@ -309,12 +311,10 @@ class Composing:
             initialising, how = new[0], "mapped last"
         if initialising is None:
             initialising, how = os.path.realpath(load.name), "the file in dlopen, or one it needs"
-        lines.append(
-            ("outside", f"most likely initialising: {initialising} ({how})", {"initialising": initialising})
-        )
+        lines.append((OUTSIDE, {"initialising": initialising, "how": how}))
         if on_stack:
             shown = ", ".join(os.path.basename(path) for path in on_stack[:8])
-            lines.append(("outside", f"libraries on the stack, innermost first: {shown}", {}))
+            lines.append((OUTSIDE, {"message": f"libraries on the stack, innermost first: {shown}"}))
         base = os.path.basename(initialising)
         loading = (
             f"in the constructor of {base}" if running else f"in dlopen, most likely initialising {base}"

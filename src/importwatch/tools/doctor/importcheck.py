@@ -9,7 +9,7 @@ import sys
 import tempfile
 
 from importwatch import config
-from importwatch.events import OUTSIDE, STALL, VERDICT
+from importwatch.events import OUTSIDE, OUTSIDE_HEAD, STALL, VERDICT, render
 from importwatch.events.read import parse_line
 from importwatch.facts import cuda
 from importwatch.inflight import InFlight, named_once
@@ -110,7 +110,12 @@ def _hung(events: Sequence[Event], flying: dict[str, list[Started]], stalled: bo
     """A hung import's fields: the chain in flight, its library, the other threads, the outside view."""
     stack = flying.get("MainThread") or next(iter(flying.values()), [])
     natives = [step.name for step in stack if step.kind == "native"]
-    told = [event.fields["message"] for event in events if event.kind == OUTSIDE]
+    # The watcher's headline, in its words: what it saw, and what was in flight.
+    told = [
+        render(OUTSIDE, event.fields)[len(OUTSIDE_HEAD) :]
+        for event in events
+        if event.kind == OUTSIDE and "look" in event.fields
+    ]
     return {
         "status": "hung",
         "stalled": stalled,

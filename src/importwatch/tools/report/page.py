@@ -19,7 +19,7 @@ import json
 import os
 from importlib import resources
 
-from importwatch.events import BUSY, IMPORT, NATIVE, OUTSIDE, PHASE, STALL
+from importwatch.events import BUSY, IMPORT, NATIVE, OUTSIDE, OUTSIDE_HEAD, PHASE, STALL, render
 from importwatch.events.read import Event
 from importwatch.tools.report.fastread import read_summary
 from importwatch.tools.report.logread import Skipped
@@ -91,18 +91,13 @@ class _PageTimeline(Timeline):
             if thread is not None and len(times) < NOTES:
                 times.append((when, thread.name))
                 self.stalled.setdefault(id(process), set()).update(node.seq for node in thread.stack)
-        elif kind == BUSY or ("verdict" in event.fields and "thread_name" not in event.fields):
-            # The watcher's first line of a look (the whole process), or a busy thread: the "why".
+        elif kind == BUSY or "look" in event.fields:
+            # The watcher's headline of a look (the whole process), or a busy thread: the "why".
             looks = self.outside.setdefault(id(process), [])
             if len(looks) < NOTES:
-                text = event.text.strip()
-                looks.append(
-                    (
-                        when,
-                        self.clock.stamp(event, when),
-                        text[len("outside: ") :] if kind == OUTSIDE else text,
-                    )
-                )
+                text = render(kind, event.fields).strip()
+                said = text[len(OUTSIDE_HEAD) :] if kind == OUTSIDE else text
+                looks.append((when, self.clock.stamp(event, when), said))
 
 
 def page(
