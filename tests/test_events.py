@@ -370,7 +370,13 @@ def test_a_line_not_as_we_write_its_kind_reads_as_other() -> None:
 
 def test_a_thread_name_in_another_script_reads_back_escaped_from_both_lines(tmp_path: Path) -> None:
     name = "W\u00f6rker_\u7ebf\u7a0b"  # the Sink's thread names have no spaces
-    fields = {"thread_name": name, "tid": 8, "comm": "pt_main", "state": "running, 97% CPU", "verdict": "busy"}
+    fields = {
+        "thread_name": name,
+        "tid": 8,
+        "comm": "pt_main",
+        "state": "running, 97% CPU",
+        "verdict": "busy",
+    }
     fields["waits"] = None
     read = []
     for log in ("a.log", "a.jsonl"):
