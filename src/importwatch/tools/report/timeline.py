@@ -15,8 +15,14 @@ from importwatch.events import (
     IMPORT,
     NATIVE,
     OUTSIDE,
+    OUTSIDE_HEAD,
+    RESUMED,
     SIGNAL,
+    STALL,
+    STALL_CONTEXT,
+    STALL_THREAD,
     START,
+    TORCH,
     VERDICT,
     WARNING,
     escape,
@@ -279,6 +285,8 @@ def _masked_start(event: Event) -> tuple[str, dict]:
     an older importwatch (or by hand) may hold what the rule now hides."""
     fields = event.fields
     argv = fields.get("argv") if fields else None
+    # The line's own words: its argv is the repr of the program's words, escaped after (a render
+    # of the read-back fields would escape the escapes).
     text = event.text[len("start ") :]
     if isinstance(argv, list) and all(isinstance(word, str) for word in argv):
         masked = mask_argv(argv)
@@ -289,11 +297,16 @@ def _masked_start(event: Event) -> tuple[str, dict]:
     return mask_text(text), fields
 
 
+def _words(event: Event) -> str:
+    """The words of a line, as the model renders its fields (what the report shows of it)."""
+    return render(event.kind, event.fields).strip()
+
+
 def _ending_text(event: Event) -> str:
     """What the report says of a DIED or EXIT event: its line's words, less the watcher's `outside: `."""
     fields = event.fields
     if event.kind == DIED:
-        return render(DIED, fields)[len("outside: ") :]
+        return render(DIED, fields)[len(OUTSIDE_HEAD) :]
     if fields.get("status") is None:
         return f"--exit-on-stall: {fields['message']}"
     return render(EXIT, fields)
@@ -367,16 +380,16 @@ class Timeline:
             self._end(process, process.thread(event.thread), event, when)
         elif kind == START:
             process.start_text, process.start = _masked_start(event)
-        elif kind == "torch":
-            process.torch = event.text
+        elif kind == TORCH:
+            process.torch = _words(event)
         elif kind == CHECKPOINT:
             process.note("checkpoints", (when, event.thread, event.name))
-        elif kind in ("stall", "stall_thread", "stall_context", "resumed"):
-            process.note("stalls", (when, stamp, event.text.strip()))
+        elif kind in (STALL, STALL_THREAD, STALL_CONTEXT, RESUMED):
+            process.note("stalls", (when, stamp, _words(event)))
         elif kind == VERDICT:
-            process.note("verdicts", (when, stamp, event.text.strip()))
+            process.note("verdicts", (when, stamp, _words(event)))
         elif kind == WARNING:
-            process.note("warnings", (when, stamp, event.text.strip()))
+            process.note("warnings", (when, stamp, _words(event)))
         elif kind in (DIED, EXIT):
             process.endings.append(Ending(kind, when, stamp, _ending_text(event)))
         elif kind == SIGNAL:
