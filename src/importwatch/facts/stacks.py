@@ -28,8 +28,9 @@ HELPER_TIMEOUT = 60.0
 BOOTSTRAP = ("<frozen importlib._bootstrap>", "<frozen importlib._bootstrap_external>")
 # importlib's functions whose first argument is the module name an import is for.
 NAMED = ("_find_and_load", "_find_and_load_unlocked", "_lock_unlock_module")
-# Frames whose arguments and locals say what a thread waits for (tools/inspection/waitfor.py).
-KEPT = ("addpackage", "getaddrinfo")
+# Frames whose arguments and locals say what a thread waits for (tools/inspection/waitfor.py), and
+# threading's that say which Thread object a thread is and which one it joins (tools/inspection/cycles.py).
+KEPT = ("addpackage", "getaddrinfo", "join", "_wait_for_tstate_lock", "_bootstrap")
 # The markers gdb_frames.py prints: one thread, one frame, the end and how it went.
 THREAD, FRAME, END = "@@importwatch-thread", "@@importwatch-frame", "@@importwatch-end"
 # The notes of a Python-frame reader that read nothing, dropped once another one read them.

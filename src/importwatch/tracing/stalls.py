@@ -7,6 +7,7 @@ frame; imports nothing while it runs.
 
 from __future__ import annotations
 
+import os
 import sys
 
 from importwatch.tracing.doors import DoorStep
@@ -19,6 +20,8 @@ if TYPE_CHECKING:
 
     from importwatch.tracing.hook import TracedStep
 
+_OURS = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_STDLIB = os.path.dirname(os.path.abspath(os.__file__)) + os.sep
 # Where a thread waits for another thread to end, by the innermost threading function it is in.
 _JOINS = ("join", "_wait_for_tstate_lock")
 # Where a thread waits in threading for something that another thread must do.
@@ -45,9 +48,21 @@ def waits(chains: dict[int, list[TracedStep]]) -> dict[int, tuple[int, str]]:
 
 
 def deadlocks(found: dict[int, tuple[int, str]], thread_name: Callable[[int], str]) -> list[str]:
-    """One line per wait for a module lock that can never end, or that waits on its own waiter."""
+    """One line per wait for a module lock that can never end: a holder lost in a fork, or a cycle of
+    threads each waiting for the next (for its module lock, or in Thread.join for it), named once from
+    the thread that holds a lock of the cycle (MainThread where it can); a likely one where the holder
+    waits in threading for something else."""
     lines = []
     frames = sys._current_frames()
+    joined: dict[int, int] = {}
+    waiting_in: dict[int, str] = {}
+    for ident, frame in frames.items():
+        target, name = _threading_wait(frame)
+        if target is not None:
+            joined[ident] = target
+        elif name is not None:
+            waiting_in[ident] = name
+    said: set[frozenset[int]] = set()
     for waiter, (owner, module) in found.items():
         who = thread_name(waiter)
         lost = lost_in_fork(module, owner)
@@ -57,32 +72,65 @@ def deadlocks(found: dict[int, tuple[int, str]], thread_name: Callable[[int], st
                 f"{FORK.parent}) was lost in the fork: no thread here can release it, this will never resolve"
             )
             continue
-        holder = thread_name(owner)
-        cycle = found.get(owner)
-        if cycle is not None and cycle[0] == waiter:
-            if waiter < owner:  # one line per pair
-                lines.append(
-                    f"deadlock: {who} waits for the module lock of {module} held by {holder}, which waits "
-                    f"for the module lock of {cycle[1]} held by {who}: neither can go on"
-                )
+        cycle = _cycle(waiter, found, joined)
+        if cycle is not None:
+            if frozenset(cycle) not in said:
+                said.add(frozenset(cycle))
+                lines.append(_cycle_line(cycle, found, thread_name))
             continue
-        how = _holder_waits_for(frames.get(owner), waiter)
-        if how == "join":
+        how = waiting_in.get(owner) if owner not in found else None
+        if how:
             lines.append(
-                f"deadlock: {holder} holds the module lock of {module} and waits in Thread.join for {who}, "
-                f"which waits for that lock: neither can go on"
-            )
-        elif how:
-            lines.append(
-                f"likely deadlock: {holder} holds the module lock of {module} and waits in threading's {how}; "
-                f"if what it waits for needs {who}, neither can go on"
+                f"likely deadlock: {thread_name(owner)} holds the module lock of {module} and waits in "
+                f"threading's {how}; if what it waits for needs {who}, neither can go on"
             )
     return lines
 
 
-def _holder_waits_for(frame: object, waiter: int) -> str | None:
-    """'join' when FRAME's thread waits for thread WAITER to end; the threading function when it
-    waits in threading for something else; None when it is not waiting in threading."""
+def _cycle(start: int, found: dict[int, tuple[int, str]], joined: dict[int, int]) -> list[int] | None:
+    """The threads from START round a cycle of waits back to it (each waits for the next's module lock or
+    in Thread.join for it), or None when START's waits lead elsewhere."""
+    path = [start]
+    while True:
+        ident = path[-1]
+        following = found[ident][0] if ident in found else joined.get(ident)
+        if not following:
+            return None
+        if following == start:
+            return path
+        if following in path:
+            return None  # a cycle that START only leads into: named from its own threads
+        path.append(following)
+
+
+def _cycle_line(
+    cycle: list[int], found: dict[int, tuple[int, str]], thread_name: Callable[[int], str]
+) -> str:
+    """`deadlock: A holds the module lock of X and waits ... for B, which waits ... for A's X: ...`, from
+    the main thread where it is in the cycle and holds a lock of it, else from the first that holds one."""
+    count = len(cycle)
+    holders = [i for i in range(count) if cycle[i - 1] in found]  # waited for through a module lock
+    threading = sys.modules.get("threading")
+    main = threading.main_thread().ident if threading is not None else None
+    first = next((i for i in holders if cycle[i] == main), holders[0])
+    cycle = cycle[first:] + cycle[:first]
+    held = found[cycle[-1]][1]
+    texts = []
+    for index, ident in enumerate(cycle):
+        following = cycle[(index + 1) % count]
+        if ident in found:
+            module = found[ident][1]
+            whose = "" if following == cycle[0] else f" held by {thread_name(following)}"
+            texts.append(f"waits for the module lock of {module}{whose}")
+        else:
+            texts.append(f"waits in Thread.join for {thread_name(following)}")
+    ending = "neither can go on" if count == 2 else f"none of the {count} can go on"
+    return f"deadlock: {thread_name(cycle[0])} holds the module lock of {held} and {', which '.join(texts)}: {ending}"
+
+
+def _threading_wait(frame: object) -> tuple[int | None, str | None]:
+    """Where FRAME's thread waits in threading: the ident of the thread it joins, when it joins one;
+    else the threading function it waits in; (None, None) when it is not waiting in threading."""
     threading = sys.modules.get("threading")
     filename = getattr(threading, "__file__", None)
     name = None
@@ -91,13 +139,60 @@ def _holder_waits_for(frame: object, waiter: int) -> str | None:
         if code.co_filename != filename:
             break
         if code.co_name in _JOINS:
-            joined = frame.f_locals.get("self")  # type: ignore[attr-defined]
-            if getattr(joined, "ident", None) == waiter:
-                return "join"
+            joined = getattr(frame.f_locals.get("self"), "ident", None)  # type: ignore[attr-defined]
+            if joined is not None:
+                return joined, None
         if name is None and code.co_name in _THREADING_WAITS:
             name = code.co_name
         frame = frame.f_back  # type: ignore[attr-defined]
-    return name
+    return None, name
+
+
+def at_exit(chains: dict[int, list[TracedStep]], thread_name: Callable[[int], str]) -> dict[int, str]:
+    """A line per thread in flight that the main thread, its code ended, waits for in threading's
+    shutdown (a non-daemon thread): what it imports and where it waits."""
+    threading = sys.modules.get("threading")
+    if threading is None:
+        return {}
+    main = threading.main_thread().ident
+    frames = sys._current_frames()
+    code = getattr(frames.get(main), "f_code", None)
+    if code is None or code.co_name != "_shutdown" or code.co_filename != threading.__file__:
+        return {}
+    lines = {}
+    for ident, chain in chains.items():
+        thread = threading._active.get(ident)
+        if ident == main or thread is None or thread.daemon:
+            continue
+        name = thread_name(ident)
+        steps = " > ".join(step.name for step in chain)
+        lines[ident] = (
+            f"at exit: the main code has ended and MainThread waits in threading's shutdown for {name} "
+            f"(not a daemon thread), which is importing {steps} and waits {_where(frames.get(ident))}: if that "
+            f"needs the main code, the program never ends; do it before the main code ends, or make "
+            f"{name} a daemon"
+        )
+    return lines
+
+
+def _where(frame: object) -> str:
+    """`in queue.get, at FILE:LINE in FUNCTION`: the innermost standard-library call a thread waits in
+    (threading's own left out) and the innermost frame of the program's that made it."""
+    threading = sys.modules.get("threading")
+    ignored = getattr(threading, "__file__", None)
+    call = None
+    while frame is not None:
+        code = frame.f_code  # type: ignore[attr-defined]
+        filename = code.co_filename
+        if filename.startswith("<frozen ") or filename == ignored or filename.startswith(_OURS):
+            pass
+        elif filename.startswith(_STDLIB) and "site-packages" not in filename:
+            call = call or f"{os.path.basename(filename)[:-3]}.{code.co_name}"
+        else:
+            at = f"at {filename}:{frame.f_lineno} in {code.co_name}"  # type: ignore[attr-defined]
+            return f"in {call}, {at}" if call else at
+        frame = frame.f_back  # type: ignore[attr-defined]
+    return f"in {call}" if call else "in the interpreter's own code"
 
 
 def thread_names(thread_name: Callable[[int], str]) -> str:

@@ -382,6 +382,8 @@ class Watchdog:
         lines += [reporting.chain_line(i, c, now, thread_name) for i, c in chains.items() if i != culprit]
         waiting = [thread_name(waiter) for waiter, (owner, _) in waits.items() if owner == culprit]
         waited = f"; waiting for its module lock: {', '.join(waiting)}" if waiting else ""
+        ending = stalls.at_exit(chains, thread_name)
+        waited += "; at exit: MainThread waits for it in threading's shutdown" if culprit in ending else ""
         culprit_name = thread_name(culprit)
         fields = {
             "seconds": round(now - since, 1),
@@ -393,7 +395,9 @@ class Watchdog:
         }
         sink.event(STALL, {**fields, "chains": lines})
         if reports == 1:  # a later report of the same step is its headline alone (see _stall)
-            context = reporting.context(chains[culprit], now) + stalls.deadlocks(waits, thread_name)
+            # Who waits for whom first: the answer, where there is one.
+            context = [*ending.values(), *stalls.deadlocks(waits, thread_name)]
+            context += reporting.context(chains[culprit], now)
             context += stalls.lookups(chains, now, thread_name, self.tracer.import_own)
             order = [culprit, *(ident for ident in chains if ident != culprit)]
             ours = {_thread.get_ident(), *sink.own_threads()}

@@ -91,6 +91,8 @@ def _thread(thread: dict) -> list[str]:
         lines.append(f"    import in flight: {' > '.join(thread['chain'])}")
     if thread.get("waits_for"):
         lines.append(f"    {thread['waits_for']}")
+    if thread.get("joins"):
+        lines.append(f"    waits in Thread.join for {thread['joins']}")
     load = thread.get("load")
     if thread["doing"] and not load:
         held = f", held by {thread['lock_holder']}" if thread.get("lock_holder") else ""
