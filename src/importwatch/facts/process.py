@@ -17,11 +17,15 @@ import signal
 import struct
 
 from importwatch.facts import procstat
-from importwatch.facts.procstat import read_file, tracer_pid
+from importwatch.facts.procstat import blocks_all_signals, read_file, tracer_pid
 from importwatch.masking import mask_argv
 from importwatch.signame import signal_name
 
-__all__ = ["read_file", "tracer_pid"]  # the readers' own, kept here for who reads a process
+__all__ = [
+    "blocks_all_signals",
+    "read_file",
+    "tracer_pid",
+]  # the readers' own, kept here for who reads a process
 
 STATES = {
     "R": "running",
@@ -246,21 +250,6 @@ def traced_by_us(pid: int, tracer: int | None = None) -> bool:
         return False
     stat = process_stat(tracer)
     return stat is not None and is_watcher_of(stat.ppid, pid)
-
-
-def blocks_all_signals(pid: int, tid: int) -> bool:
-    """True when thread TID blocks every signal it can (faulthandler's timer thread does)."""
-    status = _read(f"/proc/{pid}/task/{tid}/status") or b""
-    for line in status.splitlines():
-        if line.startswith(b"SigBlk:"):
-            try:
-                mask = int(line.split()[1], 16)
-            except (IndexError, ValueError):
-                return False
-            # SIGKILL and SIGSTOP cannot be blocked, and glibc keeps its two internal signals (32, 33).
-            wanted = ((1 << 64) - 1) & ~((1 << 8) | (1 << 18) | (1 << 31) | (1 << 32))
-            return mask & wanted == wanted
-    return False
 
 
 # -- mapped code and the stack, without a debugger ----------------------------------------------

@@ -97,3 +97,18 @@ def tracer_pid(pid: int | str = "self") -> int:
             value = line.split()[1:]
             return int(value[0]) if value and value[0].isdigit() else 0
     return 0
+
+
+def blocks_all_signals(pid: int, tid: int) -> bool:
+    """True when thread TID blocks every signal it can (faulthandler's timer thread does, and ours)."""
+    status = read_file(f"/proc/{pid}/task/{tid}/status") or b""
+    for line in status.splitlines():
+        if line.startswith(b"SigBlk:"):
+            try:
+                mask = int(line.split()[1], 16)
+            except (IndexError, ValueError):
+                return False
+            # SIGKILL and SIGSTOP cannot be blocked, and glibc keeps its two internal signals (32, 33).
+            wanted = ((1 << 64) - 1) & ~((1 << 8) | (1 << 18) | (1 << 31) | (1 << 32))
+            return mask & wanted == wanted
+    return False

@@ -14,7 +14,7 @@ import sys
 import time
 
 from importwatch import config
-from importwatch.events import FORK
+from importwatch.events import FORK, IMPORT, PHASE, STEP
 from importwatch.facts import procstat
 from importwatch.tracing import banner, phases
 from importwatch.tracing.doors import Doors
@@ -375,7 +375,24 @@ class Session:
             self.sink.close_log()
             self._open_log()
             self._start_faulthandler()  # its descriptor was the parent's file, now closed
+        # A watcher of its own: the parent's follows the parent alone, and a child that inherited
+        # a runtime's thread pool (OpenMP) hangs where only a look from outside can see it.
+        self._start_watcher()
+        self._tell_watcher_in_flight()
+        if self.watchdog is not None:
+            self.watchdog.forked_from = parent
         self.sink.event(FORK, {"parent": parent})
+
+    def _tell_watcher_in_flight(self) -> None:
+        """What the forking thread had in flight (a fork inside an import), for a watcher started now."""
+        stack = self.tracer.stacks.get(self._main_ident) if self.sink.feed is not None else None
+        for depth, step in enumerate(stack or ()):
+            if step.kind == "import":
+                self.sink.feed_event(IMPORT, {"name": step.name}, depth)
+            elif step.kind == "phase":
+                self.sink.feed_event(PHASE, {"name": step.name, "timeout": step.timeout}, depth)
+            else:  # a native load or a step: its start line's details are gone; its name is what counts
+                self.sink.feed_event(STEP, {"name": step.name, "detail": "(in flight at fork)"}, depth)
 
 
 # sys.monitoring tools that are free for anyone's use (0-2 and 5 are the debugger's, coverage's,

@@ -199,10 +199,12 @@ class Feed:
         if not self._put(data):
             self.lost += 1
 
-    def announce(self, ident: int, name: str) -> None:
-        """Tell the watcher which kernel thread id a thread name stands for (once per thread)."""
+    def announce(self, ident: int, name: str, tid: int | None = None) -> None:
+        """Tell the watcher which kernel thread id (TID, this thread's by default) a thread name stands
+        for (once per thread)."""
         self.threads.add(ident)
-        self._put(f"#thread {name} {_thread.get_native_id()}\n".encode("ascii"))
+        tid = _thread.get_native_id() if tid is None else tid
+        self._put(f"#thread {name} {tid}\n".encode("ascii"))
 
     def _put(self, data: bytes) -> bool:
         if self.closed:
@@ -239,6 +241,7 @@ class Sink:
         self.structured = False  # a JSON log writes each event's fields: only then need they be made
         self.feed: Feed | None = None
         self._own_threads: dict[int, str] = {}
+        self._own_tids: dict[int, int] = {}  # their kernel thread ids, for a watcher started later
         self.pid = 0
         self.rank: int | None = None
         self.main_thread = 0
@@ -377,6 +380,8 @@ class Sink:
         """From now on every text line also goes to the watcher's pipe FD (see Feed)."""
         self.close_feed()
         self.feed = Feed(fd, keep)
+        for ident, name in self._own_threads.items():  # named before there was a watcher (a fork child's)
+            self.feed.announce(ident, name, self._own_tids[ident])
 
     def close_feed(self) -> None:
         if self.feed is not None:
@@ -387,6 +392,16 @@ class Sink:
         """A line for the watcher only (`#exit`)."""
         if self.feed is not None:
             self.feed.send(line.encode("ascii") + b"\n")
+
+    def feed_event(self, kind: str, fields: dict, depth: int = 0) -> None:
+        """An event for the watcher only, as the main thread's: what was in flight before it started."""
+        if self.feed is None:
+            return
+        body = render(kind, fields, depth)
+        if not (body.isascii() and body.isprintable()):
+            body = escape(body)
+        self._set_stamp(int(self._now() * 1000))
+        self.feed.send((self._prefix + body + "\n").encode("ascii"))
 
     @property
     def log_path(self) -> str | None:
@@ -414,6 +429,8 @@ class Sink:
         return null.fd
 
     def after_fork_in_child(self) -> None:
+        self._own_threads.clear()  # only the forking thread, never ours, goes on in the child
+        self._own_tids.clear()
         self.pid = os.getpid()
         self.main_thread = _thread.get_ident()
         self.set_rank(rank_from_env())
@@ -527,12 +544,17 @@ class Sink:
         """Name one of our own threads (threading knows nothing of them), here and for the watcher."""
         ident = _thread.get_ident()
         self._own_threads[ident] = name
+        self._own_tids[ident] = _thread.get_native_id()
         if self.feed is not None:
             self.feed.announce(ident, name)
 
     def own_threads(self) -> list[int]:
         """The idents of our own threads that named themselves (name_thread)."""
         return list(self._own_threads)
+
+    def own_tids(self) -> list[int]:
+        """Their kernel thread ids."""
+        return list(self._own_tids.values())
 
     def thread_name(self, ident: int) -> str:
         """The threading name of a thread, or its native id; no spaces, so lines stay parseable."""

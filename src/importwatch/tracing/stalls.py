@@ -18,7 +18,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Callable
 
-    from importwatch.tracing.hook import TracedStep
+    from importwatch.tracing.hook import TracedStep, Tracer
 
 _OURS = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _STDLIB = os.path.dirname(os.path.abspath(os.__file__)) + os.sep
@@ -228,3 +228,16 @@ def lookups(
         )
         lines.append(f"{thread_name(ident)} waits in a {text}")
     return lines
+
+
+def lone_wait(
+    tracer: Tracer, culprit: int, thread_name: Callable[[int], str], own: list[int], parent: int | None
+) -> list[str]:
+    """One line when the stalled thread is the program's only one and waits on a futex in an OpenMP
+    runtime's code: the pool it waits for has no threads in this process (facts/pools.py)."""
+    tid = tracer.native_ids.get(culprit)
+    if tid is None:
+        return []
+    pools = tracer.import_own("importwatch.facts.pools")
+    library = pools.own_pool_wait(tid, own)
+    return [] if library is None else [f"{thread_name(culprit)}: {pools.orphaned_pool(library, parent)}"]

@@ -90,6 +90,7 @@ class Watchdog:
         # The interpreter's main thread is not in this process (a fork child of another thread):
         # no exit handler will ever stop the heartbeat, which must not outlive the program's threads.
         self.main_gone = False
+        self.forked_from: int | None = None  # in a fork child, the parent's pid (set at its first step)
         self._reporting = _thread.allocate_lock()  # held while a report is written (see report)
         # Loaded now: nothing may be imported once the program is stalled (see tracing/ending.py).
         self._ending = None
@@ -399,6 +400,7 @@ class Watchdog:
             context = [*ending.values(), *stalls.deadlocks(waits, thread_name)]
             context += reporting.context(chains[culprit], now)
             context += stalls.lookups(chains, now, thread_name, self.tracer.import_own)
+            context += stalls.lone_wait(self.tracer, culprit, thread_name, sink.own_tids(), self.forked_from)
             order = [culprit, *(ident for ident in chains if ident != culprit)]
             ours = {_thread.get_ident(), *sink.own_threads()}
             reporting.detail(sink, lines[1:], context, share if busy else None, stacks_now, order, ours)

@@ -221,9 +221,13 @@ def hush(sink: Sink) -> None:
 def _pipe() -> tuple[int, int]:
     """A pipe whose ends are above 2 (stdin may be closed), the write end non-blocking and enlarged."""
     global _fcntl
-    import fcntl
+    if _fcntl is None:
+        import fcntl
 
-    _fcntl = fcntl  # for hush(), at the exit: by then fcntl is held (tracing/handback.py) or the program's
+        _fcntl = (
+            fcntl  # for hush(), at the exit: by then fcntl is held (tracing/handback.py) or the program's
+        )
+    fcntl = _fcntl  # a fork child's watcher: the parent's, never an import in the child's log
     ends = []
     for fd in os.pipe():
         if fd <= 2:

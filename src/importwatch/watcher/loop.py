@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import sys
 
-from importwatch.events import DIED, EXIT, OUTSIDE, VERDICT, WARNING, render
+from importwatch.events import DIED, EXIT, FORK, OUTSIDE, VERDICT, WARNING, render
 from importwatch.watcher.report import Composing, culprit_of, describe
 
 TYPE_CHECKING = False
@@ -74,6 +74,7 @@ class Watcher(Composing):
         self.told_foreign = False  # said once that someone else's debugger holds the process
         self.busy_told = False  # the program's own watchdog found the stalled thread busy
         self.told: tuple[Started | None, str | None] = (None, None)  # the last report's step and verdict
+        self.parent: int | None = None  # the process this one was forked from, when it said so
 
     # -- the main loop -------------------------------------------------------------------
     def run(self) -> int:
@@ -194,6 +195,8 @@ class Watcher(Composing):
             self.flying.warn(event.thread, render(kind, event.fields))
         elif kind == EXIT and event.fields.get("status") is not None:  # the program ends itself
             self.clean = True
+        elif kind == FORK and event.pid == self.pid:
+            self.parent = event.fields["parent"]
 
     def _progress(self, now: float) -> None:
         self.busy_told = False

@@ -161,7 +161,8 @@ class Composing:
             if overall == process.GONE:
                 overall = process.WAITING
         code = process.CodeRanges(pid)
-        detail = self._thread_lines(current, verdicts, chains, code)
+        lone = self._lone_wait(current, culprit, code)
+        detail = self._thread_lines(current, verdicts, chains, code, lone)
         if not stopped and waits.stdin_terminal(pid) and stat is not None and stat.background:
             detail.append(
                 (OUTSIDE, {"message": "it reads a terminal on stdin from the background: redirect stdin"})
@@ -175,7 +176,9 @@ class Composing:
             lost = f"{self.lost} line{'s' if self.lost != 1 else ''}"
             detail.append((OUTSIDE, {"message": f"the feed lost {lost}: in-flight steps may be incomplete"}))
         chain = " > ".join(describe(step, now) for step in chains[culprit_name])
-        told = waits.waits_on(pid, culprit) if overall == process.WAITING else None
+        told = None
+        if overall == process.WAITING:
+            told = lone[1] if lone is not None else waits.waits_on(pid, culprit)
         what = f" ({told})" if told else ""
         what += f"; {loading}" if loading else ""
         what += f"; {said[0][1]}" if said else ""
@@ -189,6 +192,7 @@ class Composing:
         verdicts: dict[int, tuple[str, float | None]],
         chains: dict[str, list[Started]],
         code: process.CodeRanges,
+        lone: tuple[int, str, str] | None = None,
     ) -> list[tuple[str, dict]]:
         """One line per thread: those in flight first, then the rest, ours last; a long tail of idle
         threads is counted."""
@@ -216,6 +220,8 @@ class Composing:
             label = names.get(tid) or f"thread-{tid}"
             what, share = verdicts[tid]
             waiting = waits.waits_on(pid, sample) if what != process.BUSY else None
+            if lone is not None and lone[0] == tid:
+                waiting = lone[2]
             state = self._state_text(sample, share)
             thread = {"thread_name": label, "tid": tid, "comm": sample.comm, "state": state, "verdict": what}
             lines.append((OUTSIDE, {**thread, "waits": waiting or None}))
@@ -231,6 +237,25 @@ class Composing:
             self.timer_tids.add(tid)
             return TIMER_THREAD
         return None
+
+    def _lone_wait(
+        self, current: dict[int, ThreadSample], culprit: ThreadSample, code: process.CodeRanges
+    ) -> tuple[int, str, str] | None:
+        """When the culprit is the program's only thread and waits on a futex in an OpenMP runtime, whose
+        pool has no threads here: (its tid, the headline's words, its thread line's words); else None."""
+        from importwatch.facts import pools
+
+        names = {tid: name for name, tid in self.tids.items()}
+        program = [
+            tid for tid, sample in current.items() if not self._ours(tid, names.get(tid), sample, code)
+        ]
+        if program != [culprit.tid] or culprit.syscall is None or culprit.syscall[0] != pools.FUTEX:
+            return None
+        library = pools.pool_runtime(self.pid, culprit, code)
+        if library is None:
+            return None  # waits_on says when no thread here can wake it
+        told = pools.orphaned_pool(library, self.parent)
+        return culprit.tid, told, f"in futex, in {os.path.basename(library)}: its pool has no threads here"
 
     def _earlier(self, now: float) -> tuple[dict[int, ThreadSample], float]:
         """The sample about one window ago, taken during the stall, and the seconds since."""

@@ -24,7 +24,7 @@ from importwatch.tools.inspection.cycles import relations
 from importwatch.tools.inspection.interpreter import interpreter_facts, search_path, version_from_maps
 from importwatch.tools.inspection.libraries import find_torch_for, library_facts
 from importwatch.tools.inspection.render import render, render_json, short_native
-from importwatch.tools.inspection.verdicts import hang_problems, rerun_commands
+from importwatch.tools.inspection.verdicts import hang_problems, pool_problem, rerun_commands
 from importwatch.tools.inspection.waitfor import waits_for
 from importwatch.usage import UsageError, argument_parser, fail
 
@@ -158,7 +158,8 @@ def inspect(pid: int, native: bool = True) -> dict:
     holders(threads)
     libraries = _libraries(threads, torch, driver)
     # Who waits for whom comes first: a deadlock's one line is the answer, each thread's wait its detail.
-    problems = relations(pid, threads, stacks.python) + hang_problems(pid, threads, target.stat, samples)
+    problems = pool_problem(pid, threads, samples, target.code_ranges(), target.exe)
+    problems += relations(pid, threads, stacks.python) + hang_problems(pid, threads, target.stat, samples)
     problems += [f"! {text}" for lib in libraries for text in lib["verdicts"]]
     # A report is pasted into tickets: secret-looking values are masked there too, the rerun
     # commands included (the person rerunning types the secret back in).

@@ -42,6 +42,43 @@ def hang_problems(
     return problems
 
 
+def pool_problem(
+    pid: int,
+    threads: list[dict],
+    samples: dict[int, process.ThreadSample],
+    code: process.CodeRanges,
+    exe: str,
+) -> list[str]:
+    """The process's only thread waits for an OpenMP pool whose threads are not in it (a fork child
+    of a parent that ran a parallel region): one line, the first, since it is the whole answer."""
+    from importwatch.facts import pools
+
+    # faulthandler's timer (and importwatch's own threads, in a traced process) block every signal:
+    # none of them is a pool's worker.
+    program = [tid for tid in samples if not process.blocks_all_signals(pid, tid)]
+    if len(program) != 1:
+        return []
+    library = pools.pool_runtime(pid, samples[program[0]], code)
+    if library is None:
+        return []
+    stat = process.process_stat(pid)
+    parent = stat.ppid if stat is not None else None
+    # Forked, not started: the parent runs the same program and has the runtime mapped.
+    parent_maps = process.read_file(f"/proc/{parent}/maps", 1 << 26) if parent else None
+    forked = parent_maps is not None and library.encode() in parent_maps and _exe(parent) == exe
+    thread = next((t for t in threads if t["tid"] == program[0]), {"name": "thread", "tid": program[0]})
+    return [
+        f"{thread['name']} (tid {thread['tid']}) {pools.orphaned_pool(library, parent if forked else None)}"
+    ]
+
+
+def _exe(pid: int | None) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return None
+
+
 def _reads_stdin(sample: process.ThreadSample) -> bool:
     """True when the thread is blocked in a read of fd 0."""
     call = sample.syscall
