@@ -106,6 +106,11 @@ class Stacks:
     def read_with(self, tool: str) -> None:
         self.tool = f"{self.tool}, {tool}" if self.tool else tool
 
+    @property
+    def holding(self) -> bool:
+        """Whether gdb still holds the process stopped (until release())."""
+        return self._gdb is not None
+
     def release(self) -> None:
         """Let the process go on: gdb detaches and quits (killed if it does not)."""
         gdb, self._gdb = self._gdb, None

@@ -14,6 +14,7 @@ import socket
 import struct
 
 from importwatch.facts import resolver
+from importwatch.facts.gil import mutex_words
 from importwatch.facts.process import ThreadSample, blocks_all_signals, command_of, read_file, read_memory
 
 _read = read_file
@@ -91,7 +92,8 @@ def waits_on(pid: int, sample: ThreadSample) -> str | None:
     if name == "futex":
         if not _other_threads(pid, sample.tid):
             return f"in futex, {ALONE}"
-        return "in futex: waiting for a lock or a condition held by another thread"
+        held = mutex_words(pid, sample)
+        return f"in futex: {held or 'waiting for a lock or a condition held by another thread'}"
     if name in ("wait4", "waitid"):
         return f"in {name}: waiting for a child process{_children(pid)}"
     if name == "pause":

@@ -16,6 +16,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from importwatch.config import Settings
     from importwatch.events.read import Event
+    from importwatch.facts import stacks
     from importwatch.facts.process import ThreadSample
     from importwatch.inflight import Started
     from importwatch.tracing.sink import Sink
@@ -42,6 +43,8 @@ class Watcher(Composing):
     since the native load in flight began and the one most likely initialising, the
     "!" lines written for that load, and the native stacks when a debugger is there.
     """
+
+    stacks_timeout = STACKS_TIMEOUT
 
     def __init__(
         self, sink: Sink, pid: int, feed: int, timeout: float, start: int | None, exit_on_stall: bool
@@ -75,6 +78,8 @@ class Watcher(Composing):
         self.busy_told = False  # the program's own watchdog found the stalled thread busy
         self.told: tuple[Started | None, str | None] = (None, None)  # the last report's step and verdict
         self.parent: int | None = None  # the process this one was forked from, when it said so
+        # The native stacks read before a headline, per tid, and the step they were read for.
+        self.native_for: tuple[Started | None, dict[int, list[str]]] = (None, {})
 
     # -- the main loop -------------------------------------------------------------------
     def run(self) -> int:
@@ -238,13 +243,23 @@ class Watcher(Composing):
 
     def report(self, now: float) -> None:
         """The outside report of a stall; see the class docstring."""
-        from importwatch.facts import process
-
         self.reports += 1
-        lines = self._report_lines(now)
+        seen = self._look()
+        early = self._stacks_first(seen)
+        try:
+            self._report(now, seen, early)
+        finally:
+            self._let_go(early)
+
+    def _report(self, now: float, seen: tuple, early: stacks.Stacks | str | None) -> None:
+        from importwatch.facts import gil, process
+
+        native = self.native_for[1] if self.native_for[0] is self.stacks_for else None
+        lines = self._report_lines(now, seen, native)
         verdict = lines[0][1].get("verdict") if lines else None
         chains = self._in_flight()
         told, self.told = self.told, (chains[culprit_of(chains)][-1] if chains else None, verdict)
+        verdict = process.WAITING if verdict == gil.DEADLOCK else verdict  # for what is done next
         repeat = bool(lines) and told == self.told
         if repeat:  # the same step, in the same state: its headline alone, said to be a repeat
             kind, fields = lines[0]
@@ -256,7 +271,8 @@ class Watcher(Composing):
         # later report, once the program has said the thread is busy.
         deciding = verdict == process.BUSY and self.exit_on_stall and not self.busy_told
         if verdict in (process.WAITING, process.BUSY) and not deciding:
-            self._stacks()  # last, as a debugger takes a while: the lines above are out already
+            self._stacks(early)  # last, as a debugger takes a while: the lines above are out already
+        self._let_go(early)  # before --exit-on-stall waits for the program to end itself
         # Never a program whose own watchdog has found the thread busy: from here a thread waiting
         # for the GIL on a loaded machine can look idle.
         ends = verdict in (process.WAITING, process.STOPPED) and not self.busy_told
@@ -345,33 +361,35 @@ class Watcher(Composing):
 
         return bool(select.select([self.feed], [], [], 0)[0])
 
-    def _stacks(self) -> None:
+    def _stacks(self, early: stacks.Stacks | str | None = None) -> None:
         """Every thread's native stack, the stalled thread's first, ours in one line each.
 
         Read once per stalled step: a report that finds the same step still in flight
         says so in one line. The debugger stops the process while it reads; the
         samples taken before are dropped, so no busy-or-waiting verdict spans the stop.
+        EARLY: the stacks _stacks_first read for this report, still holding the process.
         """
         from importwatch.facts import stacks
 
         chains = self._in_flight()
         culprit_name = culprit_of(chains)
         step = chains[culprit_name][-1]
-        if step is self.stacks_for:
-            return  # shown in an earlier report of this stall
-        self.stacks_for = step
+        if early is None:
+            if step is self.stacks_for:
+                return  # shown in an earlier report of this stall
+            self.stacks_for = step
         # The lock is held from before the debugger attaches until the stacks are out: a program
         # that ends meanwhile waits for them in hush (it is stopped for most of that time anyway).
         if not self._hold():
             return
         try:
-            found = stacks.read_native_stacks(self.pid, STACKS_TIMEOUT)
+            found = stacks.read_native_stacks(self.pid, STACKS_TIMEOUT) if early is None else early
             try:
                 # Written while gdb still holds the process: it cannot end (nor exit, were
                 # faulthandler's exit due) before its stacks are out.
                 self._write_stacks(*self._stack_lines(found, chains, culprit_name))
             finally:
-                if not isinstance(found, str):
+                if early is None and not isinstance(found, str):
                     found.release()
             self.samples.clear()  # they span the stop
         finally:

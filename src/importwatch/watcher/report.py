@@ -5,7 +5,9 @@ what, stopped), the shared object in flight and whether its constructor runs, wh
 program said of it, the advice, and the chain in flight. The rest is detail. Native
 stacks come folded on the terminal (the interpreter's and the dynamic loader's frames
 counted, importwatch's threads counted) and whole in the log, when there is one.
-Used by watcher/loop.py's Watcher, which this class is a part of.
+For a native load waiting in futex(2) the native stacks are read before the headline, which then
+may name a deadlock across the GIL (facts/gil.py). Used by watcher/loop.py's Watcher, which this
+class is a part of.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from importwatch.events import OUTSIDE
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from importwatch.facts import process, stacks
+    from importwatch.facts import gil, process, stacks
     from importwatch.facts.mapped import MappedObjects
     from importwatch.facts.process import ThreadSample
     from importwatch.inflight import Started
@@ -91,6 +93,9 @@ class Composing:
     mapped: MappedObjects
     mapped_before: dict[str, None]
     sink: object
+    stacks_for: Started | None
+    native_for: tuple[Started | None, dict[int, list[str]]]
+    stacks_timeout: float
 
     def _window(self) -> float:
         raise NotImplementedError
@@ -133,17 +138,61 @@ class Composing:
             short.append(f"(and {len(ours)} thread{'s' if len(ours) != 1 else ''} of importwatch's own)")
         return [title, *(f"  {line}" for line in short)], full
 
+    def _stacks_first(self, seen: tuple) -> stacks.Stacks | str | None:
+        """The native stacks read before the headline, where they may change it: the stalled thread is
+        in a native load (its init holds the GIL) and waits in futex(2), perhaps for a mutex whose
+        owner waits for the GIL. None where they are read after it (or were read for this step)."""
+        from importwatch.facts import gil, stacks
+
+        chains = self._in_flight()
+        if not chains:
+            return None
+        culprit_name = culprit_of(chains)
+        step = chains[culprit_name][-1]
+        current, stat = seen
+        culprit = current.get(self.tids.get(culprit_name, -1))
+        if (
+            step is self.stacks_for
+            or culprit is None
+            or not gil.in_futex(culprit)
+            or (stat is not None and stat.state in "Tt")
+            or not any(each.kind == "native" for each in chains[culprit_name])
+        ):
+            return None
+        self.stacks_for = step
+        found = stacks.read_native_stacks(self.pid, self.stacks_timeout)
+        if not isinstance(found, str):
+            self.native_for = (step, {tid: frames for tid, _, frames in found.threads if tid is not None})
+        return found
+
+    def _let_go(self, early: stacks.Stacks | str | None) -> None:
+        """The process goes on, if stacks read before the headline held it (idempotent)."""
+        if early is not None and not isinstance(early, str) and early.holding:
+            early.release()
+            self.samples.clear()  # they span the stop
+
     # -- the report -------------------------------------------------------------------------
-    def _report_lines(self, now: float) -> list[tuple[str, dict]]:
-        """The lines of one outside report: the headline, each thread, then what the culprit's chain adds."""
-        from importwatch.facts import process, waits
+    def _look(self) -> tuple[dict[int, ThreadSample], process.ProcessStat | None]:
+        """The threads and the process as they are now, before any debugger stops them."""
+        from importwatch.facts import process
+
+        return process.sample_threads(self.pid, detail=True), process.process_stat(self.pid)
+
+    def _report_lines(
+        self,
+        now: float,
+        seen: tuple[dict[int, ThreadSample], process.ProcessStat | None],
+        native: dict[int, list[str]] | None = None,
+    ) -> list[tuple[str, dict]]:
+        """The lines of one outside report: the headline, each thread, then what the culprit's chain adds.
+        SEEN: _look()'s answer; NATIVE: the native stacks per tid, when read before the headline."""
+        from importwatch.facts import gil, process, waits
 
         pid = self.pid
-        current = process.sample_threads(pid, detail=True)
+        current, stat = seen
         if not current:
             return []
         earlier, seconds = self._earlier(now)
-        stat = process.process_stat(pid)
         chains = self._in_flight()
         culprit_name = culprit_of(chains)
         culprit = (
@@ -162,7 +211,9 @@ class Composing:
                 overall = process.WAITING
         code = process.CodeRanges(pid)
         lone = self._lone_wait(current, culprit, code)
-        detail = self._thread_lines(current, verdicts, chains, code, lone)
+        in_load = any(step.kind == "native" for step in chains[culprit_name])
+        crossing = None if stopped else gil.crossing(pid, current, culprit.tid, native or {}, in_load)
+        detail = self._thread_lines(current, verdicts, chains, code, crossing, lone)
         if not stopped and waits.stdin_terminal(pid) and stat is not None and stat.background:
             detail.append(
                 (OUTSIDE, {"message": "it reads a terminal on stdin from the background: redirect stdin"})
@@ -183,6 +234,9 @@ class Composing:
         what += f"; {loading}" if loading else ""
         what += f"; {said[0][1]}" if said else ""
         look = self._headline(overall, culprit_name, culprit, verdicts[culprit.tid][1], seconds, stat, what)
+        if crossing is not None:  # a relation across the GIL says more than the culprit's own state
+            load = next(step.name for step in reversed(chains[culprit_name]) if step.kind == "native")
+            overall, look = crossing.sentence(self._thread_name, f"the load of {os.path.basename(load)}")
         headline = {"verdict": overall, "look": look, "stalled": culprit_name, "chain": chain}
         return [(OUTSIDE, headline), *detail]
 
@@ -192,11 +246,13 @@ class Composing:
         verdicts: dict[int, tuple[str, float | None]],
         chains: dict[str, list[Started]],
         code: process.CodeRanges,
+        crossing: gil.Crossing | None = None,
         lone: tuple[int, str, str] | None = None,
     ) -> list[tuple[str, dict]]:
         """One line per thread: those in flight first, then the rest, ours last; a long tail of idle
-        threads is counted."""
-        from importwatch.facts import process, waits
+        threads is counted. A thread with a part in CROSSING says it; one that waits for the GIL says
+        so for its state (it polls the GIL, so /proc may catch it running, yet it waits)."""
+        from importwatch.facts import gil, process, waits
 
         pid = self.pid
         names = {tid: name for name, tid in self.tids.items()}
@@ -223,9 +279,19 @@ class Composing:
             if lone is not None and lone[0] == tid:
                 waiting = lone[2]
             state = self._state_text(sample, share)
+            part = crossing.words_for(tid, self._thread_name) if crossing is not None else None
+            if part is not None:
+                if tid in crossing.waiters:
+                    state, what, waiting = gil.GIL_WAIT, process.WAITING, None
+                waiting = f"{waiting}; {part}" if waiting else part
             thread = {"thread_name": label, "tid": tid, "comm": sample.comm, "state": state, "verdict": what}
             lines.append((OUTSIDE, {**thread, "waits": waiting or None}))
         return lines
+
+    def _thread_name(self, tid: int) -> str:
+        """A thread as a relation names it: 'NAME (tid N)', NAME its Python name when known."""
+        names = {number: name for name, number in self.tids.items()}
+        return f"{names.get(tid) or f'thread-{tid}'} (tid {tid})"
 
     def _ours(self, tid: int, name: str | None, sample: ThreadSample, code: process.CodeRanges) -> str | None:
         """What a thread of ours is, or None for the program's own threads."""

@@ -21,6 +21,7 @@ from importwatch.masking import mask_argv
 from importwatch.tools.inspection import process
 from importwatch.tools.inspection.analysis import holders, import_state, load_of
 from importwatch.tools.inspection.cycles import relations
+from importwatch.tools.inspection.gilcross import gil_deadlock
 from importwatch.tools.inspection.interpreter import interpreter_facts, search_path, version_from_maps
 from importwatch.tools.inspection.libraries import find_torch_for, library_facts
 from importwatch.tools.inspection.render import render, render_json, short_native
@@ -156,9 +157,11 @@ def inspect(pid: int, native: bool = True) -> dict:
     driver = cuda.driver_version()
     threads = [_thread(target, sample, before.get(tid), ran, stacks) for tid, sample in samples.items()]
     holders(threads)
+    deadlock = gil_deadlock(pid, threads, samples, stacks.native)
     libraries = _libraries(threads, torch, driver)
     # Who waits for whom comes first: a deadlock's one line is the answer, each thread's wait its detail.
-    problems = pool_problem(pid, threads, samples, target.code_ranges(), target.exe)
+    problems = [deadlock] if deadlock else []
+    problems += pool_problem(pid, threads, samples, target.code_ranges(), target.exe)
     problems += relations(pid, threads, stacks.python) + hang_problems(pid, threads, target.stat, samples)
     problems += [f"! {text}" for lib in libraries for text in lib["verdicts"]]
     # A report is pasted into tickets: secret-looking values are masked there too, the rerun

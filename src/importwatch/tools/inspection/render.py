@@ -76,7 +76,10 @@ def _process(report: dict) -> list[str]:
 def _thread(thread: dict) -> list[str]:
     """One thread: its verdict and state, the import and load in flight, its Python and native frames."""
     # A thread whose verdict is its state ("stopped") names it once: "stopped (in do_signal_stop, ...)".
-    head = "" if thread["state"] == thread["verdict"] else thread["state"]
+    # So does one whose state says its verdict ("waiting for the GIL": it polls it, so /proc may
+    # catch it running).
+    said = thread["state"].startswith(f"{thread['verdict']} ")
+    head = "" if thread["state"] == thread["verdict"] or said else thread["state"]
     if thread["wchan"]:
         head = f"{head} in {thread['wchan']}".lstrip()
     words = [head] if head else []
@@ -85,8 +88,11 @@ def _thread(thread: dict) -> list[str]:
     if thread["last_ran"] is not None:
         words.append(f"last ran {format_age(thread['last_ran'], 1)} ago")
     state = f" ({', '.join(words)})" if words else ""
-    body = f"  {thread['name']} (tid {thread['tid']}): {thread['verdict']}{state}"
-    lines = [body + (f"; {thread['waits_on']}" if thread["waits_on"] else "")]
+    verdict = thread["state"] if said else thread["verdict"]
+    body = f"  {thread['name']} (tid {thread['tid']}): {verdict}{state}"
+    lines = [body + (f"; {thread['waits_on']}" if thread["waits_on"] and not said else "")]
+    if thread.get("relation"):
+        lines.append(f"    {thread['relation']}")
     if thread["chain"]:
         lines.append(f"    import in flight: {' > '.join(thread['chain'])}")
     if thread.get("waits_for"):
