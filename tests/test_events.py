@@ -238,6 +238,18 @@ EXAMPLES: list[tuple[str, dict, int]] = [
     ),
     (
         events.OUTSIDE,
+        {
+            "verdict": "deadlock",
+            "look": "MainThread (tid 1) holds the GIL in PyInit_x and waits for a mutex held by w (tid 2)",
+            "stalled": "MainThread",
+            "chain": "x (9.0 s)",
+            "report": 3,
+            "after": 9.0,
+        },
+        0,
+    ),
+    (
+        events.OUTSIDE,
         {"thread_name": "importwatch-heartbeat", "tid": 9, "ours": "importwatch's heartbeat (ours)"},
         0,
     ),

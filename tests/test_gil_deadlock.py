@@ -108,7 +108,7 @@ def test_runner_says_pyinit_holds_the_gil_and_the_mutex_owner_waits_for_it(site:
         "mutex this thread holds"
     ), owner
     assert "running" not in owner, owner
-    proc.wait_for("still deadlock after ", 30)  # the repeat keeps the relation
+    proc.wait_for("still deadlocked after ", 30)  # the repeat keeps the relation
 
 
 @needs_gdb

@@ -101,7 +101,14 @@ EXTRAS = {
 # Every line of the watcher's look starts so.
 OUTSIDE_HEAD = "outside: "
 # The watcher's headline starts with its verdict (facts/process.py's words), in these words.
-OUTSIDE_HEADS = {"waiting": "waiting", "busy": "busy, not stuck", "stopped": "stopped"}
+OUTSIDE_HEADS = {
+    "waiting": "waiting",
+    "busy": "busy, not stuck",
+    "stopped": "stopped",
+    "deadlock": "deadlock",
+}
+# A repeat says `still WORDS after N s`: the verdict's head, or these words where it reads better.
+OUTSIDE_STILL = {"deadlock": "deadlocked"}
 # The env line when none of the variables it shows is set.
 NO_ENV = "(no CUDA, library path or distributed variable is set)"
 # The tail of the torch line written from torch's files, before it imports.
@@ -331,10 +338,11 @@ def _torch(fields: dict) -> str:
 def _outside(fields: dict) -> str:
     """One line of the watcher's look from outside; which one, its fields say (see OUTSIDE)."""
     if "look" in fields:
-        head = OUTSIDE_HEADS.get(fields["verdict"], fields["verdict"])
+        verdict = fields["verdict"]
+        head = OUTSIDE_HEADS.get(verdict, verdict)
         report = fields.get("report") or 1
         if report > 1:
-            head = f"still {head} after {fields['after']:.1f} s (report {report})"
+            head = f"still {OUTSIDE_STILL.get(verdict, head)} after {fields['after']:.1f} s (report {report})"
         return f"{OUTSIDE_HEAD}{head}: {fields['look']}; in flight: {fields['stalled']}: {fields['chain']}"
     if "tid" in fields:
         who = f"{OUTSIDE_HEAD}{fields['thread_name']} (tid {fields['tid']}"

@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import re
 
-from importwatch.events import _MAX_ID, MAX_MS, OUTSIDE_HEADS
+from importwatch.events import _MAX_ID, MAX_MS, OUTSIDE_HEADS, OUTSIDE_STILL
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
 _VERDICTS = {head: verdict for verdict, head in OUTSIDE_HEADS.items()}
+_STILL = {**_VERDICTS, **{words: verdict for verdict, words in OUTSIDE_STILL.items()}}
 _HEAD = "|".join(re.escape(head) for head in sorted(_VERDICTS, key=len, reverse=True))
+_STILL_HEAD = "|".join(re.escape(head) for head in sorted(_STILL, key=len, reverse=True))
 # A first headline starts with its verdict's head (or a verdict word of a newer version); a later
 # one with `still HEAD after N s (report K)`.
 _FIRST = re.compile(rf"^({_HEAD}|[a-z]{{1,20}}): ")
@@ -61,7 +63,7 @@ def _headline(rest: str) -> dict[str, Any] | None:
     stalled, named, chain = chain.partition(": ")
     if not found or not named or not stalled or " " in stalled:
         return None
-    verdict = _VERDICTS.get(match.group(1), match.group(1))
+    verdict = (_STILL if said else _VERDICTS).get(match.group(1), match.group(1))
     return {"verdict": verdict, "look": look, "stalled": stalled, "chain": chain, **said}
 
 
