@@ -164,7 +164,8 @@ EXAMPLES: list[tuple[str, dict, int]] = [
     (events.STALL_THREAD, {"chain": "Thread-2: a > b (3.0 s)"}, 0),
     (events.STALL_CONTEXT, {"context": "! a verdict said before"}, 0),
     (events.STALL_THREADS, {"threads": "0x7f01=MainThread"}, 0),
-    (events.BUSY, {"stalled": "MainThread", "cpu": 0.98}, 0),
+    (events.BUSY, {"stalled": "MainThread", "cpu": 0.98, "gpu": False}, 0),
+    (events.BUSY, {"stalled": "MainThread", "cpu": 0.61, "gpu": True}, 0),
     (events.RESUMED, {"name": "fastkern", "seconds": 31.0, "interrupted": False, "dumped": None}, 0),
     (
         events.RESUMED,

@@ -126,7 +126,9 @@ def test_busy_init_is_busy_not_a_hang(exts, start):
     lines = outside_lines(proc.stderr)
     assert any("outside: busy, not stuck: MainThread running" in line for line in lines), proc.stderr
     assert not any("outside: waiting:" in line or "died" in line for line in lines)
-    assert any("CUDA JIT" in line for line in lines)
+    busy = [line for line in lines if "outside: busy, not stuck" in line]
+    # The advice fits the machine: CUDA JIT only where an NVIDIA driver is loaded.
+    assert all(("CUDA JIT" in line) == os.path.exists("/proc/driver/nvidia/version") for line in busy), busy
 
 
 @pytest.mark.slow

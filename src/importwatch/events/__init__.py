@@ -57,7 +57,7 @@ STALL = "stall"  # seconds, stalled (the thread), chain (in flight), report, bus
 STALL_THREAD = "stall_thread"  # chain: another thread in flight at a stall
 STALL_CONTEXT = "stall_context"  # context
 STALL_THREADS = "stall_threads"  # threads: faulthandler's addresses and their names
-BUSY = "busy"  # stalled (the thread), cpu (the share of a CPU it used)
+BUSY = "busy"  # stalled (the thread), cpu (the share of a CPU it used), gpu (an NVIDIA driver is loaded)
 RESUMED = "resumed"  # name, seconds, interrupted (no name: Python runs again), dumped (where stacks went)
 # The watcher's look from outside, one of: a headline (verdict, look, stalled, chain; a repeat's
 # report and after), a thread (thread_name, tid, comm, state, verdict, waits; one of ours: ours),
@@ -364,9 +364,11 @@ def _env(fields: dict) -> str:
 
 
 def _busy(fields: dict) -> str:
+    # CUDA JIT is named only where it can happen: with an NVIDIA driver (absent from older logs: named).
+    work = "CUDA JIT compiling PTX or a build" if fields.get("gpu", True) else "a build or a long computation"
     return (
         f"{_BUSY_HEAD}{fields['stalled']} used {fields['cpu']:.0%} of a CPU just now (or waited for one); "
-        "slow work such as CUDA JIT compiling PTX or a build ends by itself"
+        f"slow work such as {work} ends by itself"
     )
 
 

@@ -373,7 +373,10 @@ class _Parser:
     # -- the fields that a kind's prose shows (all or none: a line not as we write it gives none) --
     def _busy(self, rest: str) -> dict[str, Any]:
         match = self.busy.match(rest)
-        return {"stalled": match.group(1), "cpu": int(match.group(2)) / 100} if match is not None else {}
+        if match is None:
+            return {}
+        # The advice names CUDA JIT only where an NVIDIA driver was loaded (events._busy).
+        return {"stalled": match.group(1), "cpu": int(match.group(2)) / 100, "gpu": "CUDA JIT" in rest}
 
     def _resumed(self, rest: str) -> dict[str, Any]:  # as events._resumed writes it
         head = ": progress again after a stall; stacks dumped "

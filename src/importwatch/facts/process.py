@@ -117,6 +117,18 @@ def cpu_share(before: ThreadSample | None, after: ThreadSample, seconds: float) 
     return (after.cpu - before.cpu) / _TICKS / seconds
 
 
+# A thread that the CPU share calls waiting but that ran at the look (state R): it wakes briefly and
+# sleeps again (a timed poll, such as a thread taking the GIL every 5 ms). Never "waiting (running)".
+POLLING = "waking briefly between sleeps"
+
+
+def state_words(state: str, verdict: str) -> str:
+    """A thread's state as said next to its VERDICT: the state's name, unless the two would contradict."""
+    if verdict == WAITING and state == STATES["R"]:
+        return POLLING
+    return state
+
+
 def verdict(sample: ThreadSample, share: float | None) -> str:
     """busy (using CPU), waiting (asleep, or in disk wait), stopped, or gone (a zombie or dead thread)."""
     if sample.state in "Tt":

@@ -30,6 +30,8 @@ _OURS = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _STDLIB = os.path.dirname(os.path.abspath(os.__file__)) + os.sep
 _MACHINERY = frozenset(("runpy.py", "threading.py"))
 HEADER = "Stacks of the program's threads, the stalled one first (most recent call first):"
+# facts/cuda.py's NVIDIA_PROC: the driver's version file, present only where an NVIDIA driver is loaded.
+_NVIDIA_VERSION = "/proc/driver/nvidia/version"
 
 Frame = tuple  # (file, line, function)
 
@@ -164,12 +166,18 @@ def detail(
         sink.event(STALL_CONTEXT, {"context": line})
     if busy_share is not None:
         used = min(busy_share, 1.0)  # run-queue time and the clock's steps can add up to a little more
-        sink.event(BUSY, {"stalled": sink.thread_name(order[0]), "cpu": round(used, 2)})
+        sink.event(BUSY, busy_fields(sink.thread_name(order[0]), used))
     short, full = stacks(stacks_now, order, ours, sink.thread_name)
     if sink.log_path is not None and not sink.structured:
         sink.raw(("\n".join(full) + "\n").encode("ascii", "backslashreplace"), to_stderr=False)
         short.append(f"full stacks in {sink.log_path}")
     sink.raw(("\n".join(short) + "\n").encode("ascii", "backslashreplace"), to_log=False)
+
+
+def busy_fields(name: str, share: float) -> dict:
+    """A BUSY event's fields: the thread, its share of a CPU, and whether this machine has an NVIDIA
+    driver (the words name CUDA JIT only then)."""
+    return {"stalled": name, "cpu": round(share, 2), "gpu": os.path.exists(_NVIDIA_VERSION)}
 
 
 def dumped_where(sink: Sink) -> str:

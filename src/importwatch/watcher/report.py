@@ -336,7 +336,9 @@ class Composing:
 
     @staticmethod
     def _state_text(sample: ThreadSample, share: float | None) -> str:
-        text = sample.state_name
+        from importwatch.facts import process
+
+        text = process.state_words(sample.state_name, process.verdict(sample, share))
         if sample.wchan:
             text += f" in {sample.wchan}"
         if share is not None:
@@ -351,9 +353,13 @@ class Composing:
         who = f"{name} {self._state_text(culprit, share)}"
         span = f" over the last {seconds:.1f} s" if seconds else ""
         if overall == process.BUSY:
+            from importwatch.facts import cuda
+
+            # CUDA JIT only where it can happen: a machine with an NVIDIA driver loaded.
+            often = "CUDA JIT (compiling PTX for this GPU) or a build" if cuda.driver_version() else "a build"
             return (
-                f"{who}{span}{what}; a long import that keeps a CPU busy is often CUDA JIT "
-                "(compiling PTX for this GPU) or a build, and ends by itself"
+                f"{who}{span}{what}; a long import that keeps a CPU busy is often {often} "
+                "or a long computation, and ends by itself"
             )
         if overall == process.STOPPED:
             state = stat.state_name if stat else "stopped"

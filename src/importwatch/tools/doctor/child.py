@@ -91,9 +91,8 @@ class _OutsideLook:
             waiting = waits.waits_on(self.pid, main) if state != process.BUSY else None
             others = len(threads) - 1
             more = f"; {others} other thread{'s' if others != 1 else ''}" if others else ""
-            self.view = (
-                f"{state}: main thread {main.state_name}{cpu}" + (f", {waiting}" if waiting else "") + more
-            )
+            shown = process.state_words(main.state_name, state)  # never "waiting: main thread running"
+            self.view = f"{state}: main thread {shown}{cpu}" + (f", {waiting}" if waiting else "") + more
         except Exception:  # a look from outside may fail; the check goes on without it
             return
 

@@ -79,7 +79,8 @@ def _thread(thread: dict) -> list[str]:
     # So does one whose state says its verdict ("waiting for the GIL": it polls it, so /proc may
     # catch it running).
     said = thread["state"].startswith(f"{thread['verdict']} ")
-    head = "" if thread["state"] == thread["verdict"] or said else thread["state"]
+    shown = process.state_words(thread["state"], thread["verdict"])  # never "waiting (running, ...)"
+    head = "" if shown == thread["verdict"] or said else shown
     if thread["wchan"]:
         head = f"{head} in {thread['wchan']}".lstrip()
     words = [head] if head else []
