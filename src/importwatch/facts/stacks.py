@@ -29,7 +29,8 @@ BOOTSTRAP = ("<frozen importlib._bootstrap>", "<frozen importlib._bootstrap_exte
 # importlib's functions whose first argument is the module name an import is for.
 NAMED = ("_find_and_load", "_find_and_load_unlocked", "_lock_unlock_module")
 # Frames whose arguments and locals say what a thread waits for (tools/inspection/waitfor.py), and
-# threading's that say which Thread object a thread is and which one it joins (tools/inspection/cycles.py).
+# threading's that say which Thread object a thread is and which one it joins (tools/inspection/cycles.py);
+# and every frame outside importlib, whose locals may hold the address a retry loop connects to.
 KEPT = ("addpackage", "getaddrinfo", "join", "_wait_for_tstate_lock", "_bootstrap")
 # The markers gdb_frames.py prints: one thread, one frame, the end and how it went.
 THREAD, FRAME, END = "@@importwatch-thread", "@@importwatch-frame", "@@importwatch-end"
@@ -50,11 +51,11 @@ class StackFrame:
         self.filename = filename
         self.line = line
         self.argument = argument
-        self.values: dict[str, str] = {}  # arguments and locals as printed, for the KEPT functions
+        self.values: dict[str, str] = {}  # arguments and locals as printed (see KEPT)
 
     def keep(self, stripped: str) -> None:
         """Keep a `name: value` line of the frame's arguments or locals, when its function is KEPT."""
-        if self.function.rsplit(".", 1)[-1] in KEPT:
+        if self.function.rsplit(".", 1)[-1] in KEPT or not self.in_importlib:
             name, colon, value = stripped.partition(": ")
             if colon:
                 self.values.setdefault(name, value.strip("\"'"))

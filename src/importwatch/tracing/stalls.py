@@ -241,3 +241,60 @@ def lone_wait(
     pools = tracer.import_own("importwatch.facts.pools")
     library = pools.own_pool_wait(tid, own)
     return [] if library is None else [f"{thread_name(culprit)}: {pools.orphaned_pool(library, parent)}"]
+
+
+class Retries:
+    """Counts, per thread in flight, the refused connections it handles at successive looks of the heartbeat.
+
+    A thread retrying a refused connection sleeps inside its `except` clause, so the exception it
+    handles at each look is a new ConnectionRefusedError per try (sys._current_exceptions, 3.10+:
+    nothing is hooked, nothing costs the program). A new one is told apart by its `args` tuple,
+    kept until the next look: the errno and message the socket call made, fresh per exception, so
+    none of the program's objects (the traceback's frames and their locals) lives longer for it.
+    The address is read from the traceback when a refusal is first seen. Counts the tries seen: a
+    loop faster than the looks is counted low.
+    """
+
+    def __init__(self, import_own: Callable) -> None:
+        self.import_own = import_own
+        # ident: (the args of the refusal last seen, how many were seen, the address tried)
+        self.seen: dict[int, tuple[tuple, int, tuple[str, int] | None]] = {}
+
+    def look(self, chains: dict[int, list[TracedStep]], since: float) -> dict[int, list[TracedStep]]:
+        """One look at the threads of CHAINS (those in flight) without progress SINCE then, before any
+        other use of the look (what is kept for another thread, or with nothing in flight, is let go);
+        returns CHAINS."""
+        idents = [ident for ident, chain in chains.items() if chain[-1].progress <= since]
+        if not idents and not self.seen:
+            return chains
+        current = getattr(sys, "_current_exceptions", None)
+        handled = current() if current is not None and idents else {}
+        kept = {}
+        for ident in idents:
+            error = handled.get(ident)
+            if isinstance(error, tuple):  # (type, value, traceback) before 3.12
+                error = error[1]
+            if error is None:
+                continue
+            retry = self.import_own("importwatch.facts.retry")
+            refused = retry.refusal(error)
+            if refused is None:
+                continue
+            last = self.seen.get(ident)
+            if last is not None and last[0] is refused.args:
+                kept[ident] = last
+                continue
+            address = retry.address_of([refused, error] if refused is not error else [error])
+            count = 1 if last is None else last[1] + 1
+            kept[ident] = (refused.args, count, address or (last[2] if last is not None else None))
+        self.seen = kept
+        return chains
+
+    def lines(self, thread_name: Callable[[int], str]) -> list[str]:
+        """One line per thread seen refused at two looks or more: where it connects and how often."""
+        lines = []
+        for ident, (_, count, address) in self.seen.items():
+            if count >= 2:  # one refusal handled is no loop yet
+                words = self.import_own("importwatch.facts.retry").words(address, count)
+                lines.append(f"{thread_name(ident)} is {words}")
+        return lines

@@ -92,6 +92,7 @@ class Watchdog:
         self.main_gone = False
         self.forked_from: int | None = None  # in a fork child, the parent's pid (set at its first step)
         self._reporting = _thread.allocate_lock()  # held while a report is written (see report)
+        self._retries = stalls.Retries(tracer.import_own)  # refused connections retried, seen at looks
         # Loaded now: nothing may be imported once the program is stalled (see tracing/ending.py).
         self._ending = None
         if exit_on_stall:
@@ -324,7 +325,7 @@ class Watchdog:
                     self._say_fired()
             if fired:
                 return self.interval  # that stall has its dump: look again before reporting it
-        chains = self.tracer.in_flight()
+        chains = self._retries.look(self.tracer.in_flight(), now - self.interval)  # counts refusals too
         if not chains:
             self._disarm()
             return self.longest
@@ -401,6 +402,7 @@ class Watchdog:
             context += reporting.context(chains[culprit], now)
             context += stalls.lookups(chains, now, thread_name, self.tracer.import_own)
             context += stalls.lone_wait(self.tracer, culprit, thread_name, sink.own_tids(), self.forked_from)
+            context += self._retries.lines(thread_name)
             order = [culprit, *(ident for ident in chains if ident != culprit)]
             ours = {_thread.get_ident(), *sink.own_threads()}
             reporting.detail(sink, lines[1:], context, share if busy else None, stacks_now, order, ours)
@@ -408,7 +410,7 @@ class Watchdog:
             share = self._cpu_share(culprit)
             if share is not None and share >= _BUSY:
                 busy = True
-                sink.event(BUSY, {"stalled": thread_name(culprit), "cpu": round(min(share, 1.0), 2)})
+                sink.event(BUSY, reporting.busy_fields(thread_name(culprit), min(share, 1.0)))
         debugger = procstat.tracer_pid() if share is None else 0
         # Looked at after the report: a step that ended meanwhile (during the CPU look) has its end
         # line written already (step_ended then waits for this report).

@@ -26,7 +26,7 @@ from importwatch.tools.inspection.interpreter import interpreter_facts, search_p
 from importwatch.tools.inspection.libraries import find_torch_for, library_facts
 from importwatch.tools.inspection.render import render, render_json, short_native
 from importwatch.tools.inspection.verdicts import hang_problems, pool_problem, rerun_commands
-from importwatch.tools.inspection.waitfor import waits_for
+from importwatch.tools.inspection.waitfor import asleep, waits_for
 from importwatch.usage import UsageError, argument_parser, fail
 
 TYPE_CHECKING = False
@@ -211,7 +211,7 @@ def _thread(
         "cpu": round(share, 3) if share is not None else None,
         "last_ran": round(ran[tid], 3) if tid in ran else None,
         "waits_on": waits.waits_on(pid, sample) if what != proc.BUSY else None,
-        "waits_for": waits_for(pid, frames, target.version, ran.get(tid)),
+        "waits_for": waits_for(pid, frames, target.version, ran.get(tid), asleep(sample.syscall)),
         **imports,
         "python": [frame.describe() for frame in frames],
         "native": short_native(native_lines),

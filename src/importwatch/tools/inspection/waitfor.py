@@ -1,11 +1,16 @@
 """What a thread waits for beyond imports, from its frames' arguments and locals (py-spy, pystack):
-a .pth line site runs before the program starts, a DNS lookup and its host."""
+a .pth line site runs before the program starts, a DNS lookup and its host, a loop retrying a
+connection (retryloop.py)."""
 
 from __future__ import annotations
 
 import os
 
-from importwatch.facts import resolver
+from importwatch.facts import resolver, waits
+from importwatch.tools.inspection.retryloop import retry_loop
+
+# The syscalls time.sleep waits in.
+_SLEEPS = ("clock_nanosleep", "nanosleep", "select", "pselect6")
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -14,10 +19,13 @@ if TYPE_CHECKING:
     from importwatch.facts.stacks import StackFrame
 
 
-def waits_for(pid: int, frames: Sequence[StackFrame], version: str | None, idle: float | None) -> str | None:
+def waits_for(
+    pid: int, frames: Sequence[StackFrame], version: str | None, idle: float | None, asleep: bool = False
+) -> str | None:
     """In words, what the thread with FRAMES (innermost first) waits for; None when nothing is known.
 
-    IDLE is how long the thread has not run: a lookup blocked that long has had no answer.
+    IDLE is how long the thread has not run: a lookup blocked that long has had no answer. ASLEEP:
+    the thread is in a sleep's syscall (a frame read without its line is then placed at a sleep).
     """
     if frames and frames[0].function.rsplit(".", 1)[-1] == "getaddrinfo" and _in(frames[0], "socket"):
         servers = resolver.queried(pid)
@@ -26,7 +34,15 @@ def waits_for(pid: int, frames: Sequence[StackFrame], version: str | None, idle:
     for frame in frames:
         if frame.function == "addpackage" and _in(frame, "site"):
             return "in site, before the program starts: " + _pth_line(pid, frame, version)
+    if frames and not frames[0].in_importlib:
+        return retry_loop(pid, frames[0], asleep)
     return None
+
+
+def asleep(call: list[int] | None) -> bool:
+    """Whether a thread's syscall CALL (/proc's syscall line) is a sleep: time.sleep's clock_nanosleep,
+    or select before 3.11."""
+    return bool(call) and waits.SYSCALLS.get(call[0], ("",))[0] in _SLEEPS  # type: ignore[index]
 
 
 def _in(frame: StackFrame, module: str) -> bool:
