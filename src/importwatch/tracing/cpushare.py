@@ -20,6 +20,8 @@ _STEP = 0.05
 STEPS = 40
 # Before a report's headline, which must not wait long for a debugger to let go (see watchdog.py).
 FIRST_STEPS = 10
+# A step in which the thread ran (or waited for a CPU) this share of the time shows it busy, however long.
+_RAN = 0.5
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -72,7 +74,11 @@ def share(tid: int, steps: int = STEPS) -> float | None:
         if before is None or after is None or mine is None or mine_after is None:
             return None
         stopped = (ended - began) - _STEP - (mine_after - mine)
-        if free and stopped < _STEP and not procstat.tracer_pid():
+        # A stop can only make a busy thread look idle. A thread that holds the GIL and spins makes
+        # every /proc read of ours wait for the GIL (up to a switch interval each), so our step
+        # overruns though nothing stopped us: a step in which the thread ran most of the time counts.
+        ran = (after - before) >= (ended - began) * _RAN
+        if free and (stopped < _STEP or ran) and not procstat.tracer_pid():
             used += after - before
             spent += ended - began
             if spent >= _LOOK:
