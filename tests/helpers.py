@@ -30,9 +30,14 @@ _NOT_PASSED_ON = (
 )
 
 
+# Passed on all the same: which per-import hook the suite tests (IMPORTWATCH_PURE=1 runs it on the
+# pure-Python twin of the C accelerator).
+_PASSED_ON = ("IMPORTWATCH_PURE",)
+
+
 def clean_env(**extra: str) -> dict[str, str]:
     """The environment minus what would change a traced process (see _NOT_PASSED_ON), plus EXTRA."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(_NOT_PASSED_ON)}
+    env = {k: v for k, v in os.environ.items() if k in _PASSED_ON or not k.startswith(_NOT_PASSED_ON)}
     env.pop("PYTHONPATH", None)
     env.update(extra)
     return env

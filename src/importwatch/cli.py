@@ -122,9 +122,16 @@ def _subcommand_first(args: list[str], target: Target) -> str:
     )
 
 
+def _version_text() -> str:
+    """The version, and which per-import hook this interpreter gets (the C accelerator or pure Python)."""
+    from importwatch.tracing.hook import HOT_PATH
+
+    return f"importwatch {__version__} (hot path: {HOT_PATH})\n"
+
+
 def parse(args: list[str]) -> tuple[dict | None, Target | None]:
     """Options up to the target; the target and everything after it untouched."""
-    texts = {"-h": USAGE, "--help": USAGE, "--version": f"importwatch {__version__}\n"}
+    texts = {"-h": USAGE, "--help": USAGE, "--version": _version_text() if "--version" in args else ""}
     parsed = options_then_target(
         args, "importwatch", texts, config.VALUE_OPTIONS, config.FLAG_OPTIONS, stdin=True
     )

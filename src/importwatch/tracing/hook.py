@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import _frozen_importlib as _bootstrap
 import _thread
+import os
 import sys
 import types
 
@@ -51,6 +52,24 @@ _PHASE_OF_FRAME = {
 
 IMPORTLIB_FILENAME = _bootstrap._find_and_load.__code__.co_filename
 NEVER = float("inf")
+
+# The environment variable that makes the tracer use the pure-Python hook even where the C one is built.
+PURE_ENV = "IMPORTWATCH_PURE"
+
+
+def _accelerator() -> tuple[Any, str]:
+    """The C twin of Tracer._make_find_and_load's closure (_speedups.c) when built and not refused by
+    IMPORTWATCH_PURE, and which hot path that makes, in words (--version and doctor say it)."""
+    if os.environ.get(PURE_ENV, "") not in ("", "0"):
+        return None, f"pure Python ({PURE_ENV}={os.environ[PURE_ENV]})"
+    try:
+        from importwatch.tracing import _speedups
+    except ImportError:  # not built (no compiler at install), or built for another Python
+        return None, "pure Python (the C accelerator is not built)"
+    return _speedups, "C accelerator"
+
+
+_speedups, HOT_PATH = _accelerator()
 
 
 class TracedStep:
@@ -174,7 +193,7 @@ class Tracer:
         if self._saved is not None:
             return
         self._saved = _bootstrap._find_and_load
-        _bootstrap._find_and_load = as_importlib_frame(self._make_find_and_load(self._saved))
+        _bootstrap._find_and_load = self._make_hook(self._saved)
 
     def uninstall(self) -> None:
         if self._saved is None:
@@ -191,7 +210,21 @@ class Tracer:
         return module
 
     # -- the hot path ------------------------------------------------------------
+    def _make_hook(self, original: Callable) -> Callable:
+        """ORIGINAL traced: by the C accelerator, which adds no frame below a module body, where it is
+        built; else by the closure below, its twin, filed under importlib's name so that a failed
+        import's traceback drops it (see as_importlib_frame), which still adds one frame per import."""
+        if _speedups is not None:
+            try:
+                return _speedups.find_and_load(
+                    original, self, self.sink, self.sink.emit, CLOCKS.monotonic, TracedStep, escape
+                )
+            except Exception as error:  # a TracedStep or Tracer the C code does not know: the twin
+                self.internal_error("the C accelerator", error)
+        return as_importlib_frame(self._make_find_and_load(original))
+
     # One piece on purpose: _find_and_load runs for every import, on a budget of a few microseconds.
+    # The C accelerator (_speedups.c) does the same, in the same order; a change here is one there too.
     # What it uses is bound here once, as cells of the closure (cheaper than attribute or global
     # lookups), and its stack bookkeeping stays inline: each helper call would add its cost to every
     # import, and the try/finally must see the push, the pop and both end lines together.

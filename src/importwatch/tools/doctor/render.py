@@ -37,6 +37,7 @@ def _facts(report: dict) -> list[str]:
     where = f" (virtualenv {py['virtualenv']})" if py["virtualenv"] else ""
     where += f" (conda {py['conda']})" if py.get("conda") else ""
     lines.append(f"python      {py['version']} {py['executable']}{where}")
+    lines.append(f"hot path    {report['hot_path']}")
     plat = report["platform"]
     libc = plat["libc"] or "not glibc"
     lines.append(f"platform    {plat['system']} {plat['release']} {plat['machine']}, {libc}")
