@@ -1,0 +1,218 @@
+"""The C accelerator of the per-import hook (tracing/_speedups.c) against its pure-Python twin and plain python.
+
+The same lines, byte for byte but for times; with the accelerator, a module body
+sees the stack plain python gives it (tracebacks, inspect.stack(), recursion room);
+the watchdog still reads the chain in flight; --version and doctor say which path
+is active; and a build without a compiler still installs, pure Python.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from helpers import ROOT, clean_env, importwatch
+from test_side_by_side import _ours_removed, three_ways
+
+pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]  # every test here starts processes
+
+BUILT = importlib.util.find_spec("importwatch.tracing._speedups") is not None
+needs_accelerator = pytest.mark.skipif(not BUILT, reason="the C accelerator is not built for this Python")
+C = {"IMPORTWATCH_PURE": "0"}
+PURE = {"IMPORTWATCH_PURE": "1"}
+QUIET = ("--no-watcher", "--stderr", "none")
+QUIET_ENV = {"IMPORTWATCH_STDERR": "none"}
+
+
+def _runner(cwd: Path, **env: str) -> subprocess.CompletedProcess:
+    """`python -m importwatch` (quiet) main.py in CWD."""
+    return importwatch(*QUIET, "main.py", cwd=cwd, env=clean_env(**QUIET_ENV, **env))
+
+
+def _tree(root: Path) -> None:
+    """Nested imports, a module whose body fails, one that is missing, a non-ASCII name, and a thread."""
+    files = {
+        "pkg/__init__.py": "from pkg import sub\n",
+        "pkg/sub.py": "import pkg.leaf\nimport json\n",
+        "pkg/leaf.py": "X = 1\n",
+        "café.py": "VALUE = 'crème'\n",
+        "broken.py": "import pkg.leaf\nraise ValueError('bad crème')\n",
+        "threaded.py": "import pkg.leaf\nimport csv\n",
+        "main.py": (
+            "import threading\nimport pkg\nimport café\n"
+            "try:\n    import broken\nexcept ValueError:\n    pass\n"
+            "try:\n    import missing_module\nexcept ImportError:\n    pass\n"
+            "thread = threading.Thread(target=__import__, args=('threaded',), name='worker 1')\n"
+            "thread.start()\nthread.join()\nprint('done')\n"
+        ),
+    }
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+
+
+_STAMP = re.compile(rb"^\[importwatch \d+ \d\d:\d\d:\d\d\.\d\d\d", re.MULTILINE)
+_MS = re.compile(rb"\d+\.\d\d\d ms\b")
+
+
+def _masked(log: bytes) -> bytes:
+    """A text log with pids, clock times and durations masked, byte for byte otherwise."""
+    return _MS.sub(b"X ms", _STAMP.sub(b"[importwatch PID TIME", log))
+
+
+def _json_masked(log: bytes) -> list[dict]:
+    events = [json.loads(line) for line in log.splitlines()]
+    for event in events:
+        for key in ("time", "pid", "ms"):
+            event.pop(key, None)
+        if "text" in event:
+            event["text"] = _MS.sub(b"X ms", event["text"].encode()).decode()
+    return events
+
+
+@needs_accelerator
+@pytest.mark.parametrize("log_name", ["trace.log", "trace.jsonl"])
+def test_the_accelerator_writes_the_pure_python_hook_s_lines_byte_for_byte(
+    tmp_path: Path, log_name: str
+) -> None:
+    _tree(tmp_path)
+    log = tmp_path / log_name  # one path for both: the start line names it
+    logs = {}
+    for name, env in (("C", C), ("pure", PURE)):
+        run = importwatch("--no-watcher", "--log", str(log), "main.py", cwd=tmp_path, env=clean_env(**env))
+        assert (run.returncode, run.stdout) == (0, "done\n"), run.stderr
+        logs[name] = log.read_bytes()
+        log.unlink()
+    if log_name.endswith(".jsonl"):
+        events = _json_masked(logs["C"])
+        assert {
+            "thread": "MainThread",
+            "kind": "import_end",
+            "name": "café",
+            "parent": None,
+            "text": "< caf\\xe9 X ms",
+        } in events
+        assert events == _json_masked(logs["pure"])
+    else:
+        assert b"    < pkg.leaf " in logs["C"] and b"] > caf\\xe9\n" in logs["C"]
+        assert b"] < broken X ms failed ValueError: bad cr\\xe8me\n" in _masked(logs["C"])
+        assert b"missing_module" in logs["C"] and b"worker_1] > threaded\n" in logs["C"]
+        assert _masked(logs["C"]) == _masked(logs["pure"])
+
+
+# -- the stack a module body sees -------------------------------------------------------------
+NESTED = {
+    "outer.py": "import middle\n",
+    "middle.py": "import inner\n",
+    "inner.py": "import inspect\nprint('depth', len(inspect.stack()))\nraise KeyError('from inner')\n",
+}
+
+
+@needs_accelerator
+@pytest.mark.parametrize(
+    "main",
+    ["import outer\n", "import importlib\nimportlib.import_module('outer')\n"],
+    ids=["import", "import_module"],
+)
+def test_with_the_accelerator_a_module_body_s_stack_and_traceback_are_plain_python_s(
+    tmp_path: Path, main: str
+) -> None:
+    for name, text in NESTED.items():
+        (tmp_path / name).write_text(text)
+    (tmp_path / "main.py").write_text(main)
+    runs = three_ways(["main.py"], tmp_path, runner_options=QUIET, **QUIET_ENV, **C)
+    plain = runs["plain"]
+    assert plain.returncode == 1 and "KeyError: 'from inner'" in plain.stderr, plain.stderr
+    for name in ("runner", "IMPORTWATCH=1"):
+        run = runs[name]
+        assert (run.returncode, run.stdout) == (1, plain.stdout), name
+        assert _ours_removed(run.stderr) == plain.stderr, name
+    # The pure-Python hook adds one frame per import in flight (three here), named as importlib's own.
+    pure = _runner(tmp_path, **PURE)
+    plain_depth = int(plain.stdout.split()[1])
+    assert pure.stdout == f"depth {plain_depth + 3}\n", pure.stderr
+
+
+@needs_accelerator
+def test_with_the_accelerator_nested_imports_reach_as_deep_as_under_plain_python(tmp_path: Path) -> None:
+    chain = tmp_path / "chain"
+    chain.mkdir()
+    for level in range(300):
+        (chain / f"n{level}.py").write_text(f"import sys\nsys.deepest = {level}\nimport n{level + 1}\n")
+    (tmp_path / "main.py").write_text(
+        "import sys\nsys.path.insert(0, 'chain')\nsys.deepest = -1\nsys.setrecursionlimit(250)\n"
+        "try:\n    import n0\nexcept RecursionError:\n    pass\n"
+        "print(sys.deepest)\n"
+    )  # fmt: skip
+    runs = three_ways(["main.py"], tmp_path, runner_options=QUIET, **QUIET_ENV, **C)
+    plain = runs["plain"]
+    assert plain.returncode == 0 and int(plain.stdout) > 10, plain.stderr
+    for name in ("runner", "IMPORTWATCH=1"):
+        assert (runs[name].returncode, runs[name].stdout) == (0, plain.stdout), (name, runs[name].stderr)
+    pure = _runner(tmp_path, **PURE)
+    assert pure.returncode == 0 and int(pure.stdout) < int(plain.stdout), pure.stderr
+
+
+# -- the watchdog reads the chain the C hook keeps -----------------------------------------------
+@needs_accelerator
+def test_a_stall_under_the_accelerator_is_reported_with_its_chain(tmp_path: Path) -> None:
+    for name, text in {"outer.py": "import middle\n", "middle.py": "import sleepy\n"}.items():
+        (tmp_path / name).write_text(text)
+    (tmp_path / "sleepy.py").write_text("import time\ntime.sleep(2.5)\n")
+    result = importwatch("--timeout", "1", "-c", "import outer", env=clean_env(PYTHONPATH=str(tmp_path), **C))
+    assert result.returncode == 0, result.stderr
+    stall = next(line for line in result.stderr.splitlines() if "STALL" in line)
+    assert "MainThread: outer (loading" in stall
+    assert "> middle (loading" in stall and "> sleepy (loading" in stall
+    assert "RESUMED after 2." in result.stderr
+
+
+# -- which path is active -----------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("env", "words"),
+    [(C, "C accelerator" if BUILT else "the C accelerator is not built"), (PURE, "IMPORTWATCH_PURE=1")],
+    ids=["default", "pure"],
+)
+def test_version_and_doctor_name_the_hot_path(env: dict[str, str], words: str) -> None:
+    version = importwatch("--version", env=clean_env(**env))
+    assert version.returncode == 0 and version.stdout.startswith("importwatch ")
+    assert "(hot path: " in version.stdout and words in version.stdout, version.stdout
+    doctor = importwatch("doctor", "--json", env=clean_env(**env))
+    assert words in json.loads(doctor.stdout)["hot_path"]
+
+
+# -- the build ----------------------------------------------------------------------------------
+def _wheel(out: Path, **env: str) -> subprocess.CompletedProcess:
+    pytest.importorskip("hatchling")
+    return subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-v", "-w", str(out), str(ROOT)],
+        capture_output=True, text=True, env=clean_env(**env), timeout=300,
+    )  # fmt: skip
+
+
+@needs_accelerator
+def test_the_wheel_carries_the_accelerator_and_is_tagged_for_this_python(tmp_path: Path) -> None:
+    assert _wheel(tmp_path).returncode == 0
+    wheel = next(tmp_path.glob("importwatch-*.whl"))
+    tag = f"cp{sys.version_info[0]}{sys.version_info[1]}"
+    assert f"-{tag}-{tag}-" in wheel.name and "linux" in wheel.name, wheel.name
+    names = zipfile.ZipFile(wheel).namelist()
+    assert any(re.fullmatch(r"importwatch/tracing/_speedups\..*\.so", name) for name in names), names
+
+
+def test_without_a_compiler_the_wheel_is_pure_python_and_says_so_in_one_line(tmp_path: Path) -> None:
+    built = _wheel(tmp_path, CC="/bin/false")
+    assert built.returncode == 0, built.stderr
+    said = [line for line in (built.stdout + built.stderr).splitlines() if "C accelerator not built" in line]
+    assert len(said) == 1, built.stdout + built.stderr
+    wheel = next(tmp_path.glob("importwatch-*.whl"))
+    assert wheel.name.endswith("-py3-none-any.whl"), wheel.name
+    assert not [name for name in zipfile.ZipFile(wheel).namelist() if name.endswith(".so")]
