@@ -19,7 +19,9 @@ then run once per mode under `strace -ff` to count the program's system calls by
 them: start-up (`IMPORTWATCH=1 IMPORTWATCH_WATCHER=1 python -c pass` against plain) and a
 frame probe (Python frames between one nested module body and the next, and the deepest nested
 import that works under the default recursion limit). docs/performance.md says what each figure
-means. Interpreters other than this checkout's .venv get a venv of their own, made once in the
+means. The traced modes use the C accelerator of the per-import hook where it is built;
+`IMPORTWATCH_PURE=1 python benchmarks/bench_kernel.py ...` measures its pure-Python twin.
+Interpreters other than this checkout's .venv get a venv of their own, made once in the
 cache folder, with this checkout installed editable. Standard library only.
 """
 
@@ -202,11 +204,12 @@ def command(python: str, mode: str, code: str, logfile: Path) -> tuple[list[str]
 
 
 def base_env(path: str) -> dict[str, str]:
-    """This environment without our variables or a venv's, bytecode caches written as installed."""
+    """This environment without our variables (but IMPORTWATCH_PURE, the hot path measured) or a venv's,
+    bytecode caches written as installed."""
     env = {
         k: v
         for k, v in os.environ.items()
-        if not k.startswith(("IMPORTWATCH", "PYTHON", "VIRTUAL_ENV"))
+        if (k == "IMPORTWATCH_PURE" or not k.startswith(("IMPORTWATCH", "PYTHON", "VIRTUAL_ENV")))
         and k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")
     }
     if path:
