@@ -3,7 +3,8 @@
     python benchmarks/bench_instructions.py [--code "import torch"] [--timeout-off]
 
 Runs CODE once plain and once traced (IMPORTWATCH=1, every event written to a log
-file, stderr to a file) under `valgrind --tool=callgrind`, and prints the user-space
+file, stderr to a file; the C hook where built, its pure-Python twin under
+IMPORTWATCH_PURE=1) under `valgrind --tool=callgrind`, and prints the user-space
 instructions of each and their ratio. On a shared machine the timed benchmark
 (bench_overhead.py) needs hundreds of pairs; this count repeats to within a few
 millions in five billions. It leaves out what instructions do not show: the kernel's
@@ -43,12 +44,16 @@ def main() -> None:
     args = parser.parse_args()
     if shutil.which("valgrind") is None:
         raise SystemExit("bench_instructions: valgrind is not installed")
+    # Our variables left out, but IMPORTWATCH_PURE=1: the pure-Python twin of the C hook measured.
     base = {k: v for k, v in os.environ.items() if not k.startswith("IMPORTWATCH")}
+    pure = os.environ.get("IMPORTWATCH_PURE")
     base.pop("PYTHONDONTWRITEBYTECODE", None)  # bytecode caches written, as in an installation
     base["PYTHONHASHSEED"] = "0"  # the same dictionaries in every run
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         traced = dict(base, IMPORTWATCH="1", IMPORTWATCH_LOG=str(workdir / "trace.log"))
+        if pure is not None:
+            traced["IMPORTWATCH_PURE"] = pure
         if args.timeout_off:
             traced["IMPORTWATCH_TIMEOUT"] = "0"
         for env in (base, traced):  # write the bytecode caches first: compiling is not tracing

@@ -588,17 +588,23 @@ static PyObject *make_hook(PyObject *module, PyObject *args) {
     self->step_type = step_type;
     Py_INCREF(escape);
     self->escape = escape;
-    self->stacks = PyObject_GetAttrString(tracer, "stacks");
-    self->native_ids = PyObject_GetAttrString(tracer, "native_ids");
-    self->on_start = PyObject_GetAttrString(tracer, "on_start");
-    self->on_end = PyObject_GetAttrString(tracer, "on_end");
+    self->stacks = self->native_ids = self->on_start = self->on_end = NULL;
     for (int i = 0; i < SLOTS; i++) {
-        self->slots[i] = PyObject_GetAttrString(step_type, slot_names[i]);
+        self->slots[i] = NULL;
     }
     PyObject_GC_Track(self);
-    if (PyErr_Occurred()) {
+    if ((self->stacks = PyObject_GetAttrString(tracer, "stacks")) == NULL ||
+        (self->native_ids = PyObject_GetAttrString(tracer, "native_ids")) == NULL ||
+        (self->on_start = PyObject_GetAttrString(tracer, "on_start")) == NULL ||
+        (self->on_end = PyObject_GetAttrString(tracer, "on_end")) == NULL) {
         Py_DECREF(self);
         return NULL;
+    }
+    for (int i = 0; i < SLOTS; i++) {
+        if ((self->slots[i] = PyObject_GetAttrString(step_type, slot_names[i])) == NULL) {
+            Py_DECREF(self);
+            return NULL;
+        }
     }
     if (!PyDict_CheckExact(self->stacks) || !PyDict_CheckExact(self->native_ids) || !PyDict_Check(self->on_start) ||
         !PyDict_Check(self->on_end)) {
