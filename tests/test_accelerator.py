@@ -85,12 +85,13 @@ def test_the_accelerator_writes_the_pure_python_hook_s_lines_byte_for_byte(
 ) -> None:
     _tree(tmp_path)
     log = tmp_path / log_name  # one path for both: the start line names it
-    logs = {}
-    for name, env in (("C", C), ("pure", PURE)):
-        run = importwatch("--no-watcher", "--log", str(log), "main.py", cwd=tmp_path, env=clean_env(**env))
-        assert (run.returncode, run.stdout) == (0, "done\n"), run.stderr
-        logs[name] = log.read_bytes()
+    logs, stderrs = {}, {}
+    for name, env in (("C", C), ("pure", PURE)):  # the watcher on: its feed gets every line too
+        run = importwatch("--log", str(log), "main.py", cwd=tmp_path, env=clean_env(**env), text=False)
+        assert (run.returncode, run.stdout) == (0, b"done\n"), run.stderr
+        logs[name], stderrs[name] = log.read_bytes(), run.stderr
         log.unlink()
+    assert _masked(stderrs["C"]) == _masked(stderrs["pure"])
     if log_name.endswith(".jsonl"):
         events = _json_masked(logs["C"])
         assert {
