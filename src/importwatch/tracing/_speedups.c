@@ -12,6 +12,8 @@
    stack plain python gives it. It is not a builtin function on purpose: calling
    one counts against the recursion limit on 3.9 to 3.11, a vectorcall type does not.
 
+   The two lines are formatted and written here, byte for byte as Sink.emit
+   (sink.py) would, in the common case (fast_emit); the rest goes through emit.
    The rare paths call back into the tracer's Python helpers (an on_start hook, a
    thread's first step, the end line of a failed import, our own failures); none
    of them runs while the module body does. */

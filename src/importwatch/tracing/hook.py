@@ -224,7 +224,8 @@ class Tracer:
         return as_importlib_frame(self._make_find_and_load(original))
 
     # One piece on purpose: _find_and_load runs for every import, on a budget of a few microseconds.
-    # The C accelerator (_speedups.c) does the same, in the same order; a change here is one there too.
+    # The C accelerator (_speedups.c) does the same, in the same order, and writes the two lines as
+    # Sink.emit would in the common case; a change here is one there too.
     # What it uses is bound here once, as cells of the closure (cheaper than attribute or global
     # lookups), and its stack bookkeeping stays inline: each helper call would add its cost to every
     # import, and the try/finally must see the push, the pop and both end lines together.

@@ -459,6 +459,8 @@ class Sink:
 
         This runs twice per import: it formats with one concatenation and writes
         with one os.write per channel, and does nothing else when nothing goes wrong.
+        The C hook (tracing/_speedups.c, fast_emit) does the same for its common case:
+        a change here is one there too (tests/test_accelerator.py compares the bytes).
         """
         loud = self._loud
         if loud is not None and self.log is None and self.feed is None and not loud[kind]:
