@@ -109,6 +109,41 @@ def test_the_accelerator_writes_the_pure_python_hook_s_lines_byte_for_byte(
         assert _masked(logs["C"]) == _masked(logs["pure"])
 
 
+# The C hook's own writer hands these to Sink.emit, or meets them itself: the same bytes either way.
+EDGES = {
+    "unended stderr line": "import sys\nsys.stderr.write('Loading... ')\nsys.stderr.flush()\nimport pkg\n",
+    "our descriptors closed": "import os\nos.closerange(3, 1024)\nimport pkg\nimport json\n",
+    "stderr closed": "import os\nos.close(2)\nimport pkg\n",
+}
+
+
+@needs_accelerator
+@pytest.mark.parametrize("edge", list(EDGES))
+@pytest.mark.parametrize("stderr_mode", ["all", "stalls"])
+def test_the_accelerator_s_writer_meets_closed_descriptors_and_unended_lines_as_emit_does(
+    tmp_path: Path, edge: str, stderr_mode: str
+) -> None:
+    _tree(tmp_path)
+    (tmp_path / "edge.py").write_text(EDGES[edge] + "print('done')\n")
+    log = tmp_path / "trace.log"
+    seen = {}
+    for name, env in (("C", C), ("pure", PURE)):
+        options = ("--no-watcher", "--stderr", stderr_mode, "--log", str(log))
+        run = importwatch(*options, "edge.py", cwd=tmp_path, env=clean_env(**env), text=False)
+        assert (run.returncode, run.stdout) == (0, b"done\n"), run.stderr
+        seen[name] = (_masked(run.stderr), _masked(log.read_bytes()))
+        log.unlink()
+    assert seen["C"] == seen["pure"]
+    stderr, logged = seen["C"]
+    if edge == "our descriptors closed":  # the log's descriptor is gone: said once, stderr goes on
+        assert stderr.count(b"closed or replaced the log file's descriptor") == 1, stderr
+        assert b"> json" in stderr or stderr_mode == "stalls"
+    else:
+        assert b"> pkg\n" in logged and b"< pkg X ms" in logged
+    if edge == "unended stderr line" and stderr_mode == "all":
+        assert b"Loading... \n[importwatch PID TIME] > pkg\n" in stderr
+
+
 # -- the stack a module body sees -------------------------------------------------------------
 NESTED = {
     "outer.py": "import middle\n",
