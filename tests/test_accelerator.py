@@ -214,7 +214,10 @@ def test_a_stall_under_the_accelerator_is_reported_with_its_chain(tmp_path: Path
 # -- which path is active -----------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("env", "words"),
-    [(C, "C accelerator" if BUILT else "the C accelerator is not built"), (PURE, "IMPORTWATCH_PURE=1")],
+    [
+        (C, "C accelerator" if BUILT else "the C accelerator is not built"),
+        (PURE, "pure Python (IMPORTWATCH_PURE is set)"),
+    ],
     ids=["default", "pure"],
 )
 def test_version_and_doctor_name_the_hot_path(env: dict[str, str], words: str) -> None:
