@@ -58,7 +58,9 @@ def _frame_kind(frame: str) -> str | None:
         return None
     if _LOADER_SOURCE.search(frame) or name in ("call_init", "_dl_init", "dl_open_worker"):
         return "dynamic loader"
-    if _INTERPRETER_SOURCE.search(frame) or _INTERPRETER_CODE.match(name):
+    # Our C hook (tracing/_speedups.c) stands where importlib's _find_and_load stood: part of the import
+    # machinery, folded with it.
+    if _INTERPRETER_SOURCE.search(frame) or _INTERPRETER_CODE.match(name) or "/_speedups." in frame:
         return "interpreter"
     return None
 
