@@ -5,6 +5,8 @@ Plain helper functions live in helpers.py and the C builds in cbuild.py; tests i
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -51,6 +53,27 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     compile_extension(hang / "crashing_ext.c", out, "crashext")
     compile_shared(hang / "blocking_lib.c", out / "libblocking.so")
     return out
+
+
+@pytest.fixture
+def in_session():
+    """in_session(COMMAND, **popen) starts COMMAND in a session of its own (stdin, stdout and stderr on
+    /dev/null unless given); at the end of the test the whole session is killed, a hung child too."""
+    started: list[subprocess.Popen] = []
+
+    def _start(command: list[str], **popen) -> subprocess.Popen:
+        for stream in ("stdin", "stdout", "stderr"):
+            popen.setdefault(stream, subprocess.DEVNULL)
+        started.append(subprocess.Popen(command, start_new_session=True, **popen))
+        return started[-1]
+
+    yield _start
+    for process in started:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except OSError:
+            pass  # every process of the session has ended
+        process.wait(timeout=30)
 
 
 @pytest.fixture

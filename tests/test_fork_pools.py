@@ -9,9 +9,7 @@ hears that its futex is "held by another thread".
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -72,16 +70,13 @@ def job(folder: Path, body: str, release_gil: bool = False) -> Path:
     return folder / "run.py"
 
 
-class Group:
-    """A job started in its own session: every process of it (the hung child) is killed at the end."""
+class Job:
+    """A job started in a session of its own (in_session: the hung child dies with it), its output in a file."""
 
-    def __init__(self, command: list[str], cwd: Path, env: dict[str, str], log: Path) -> None:
+    def __init__(self, in_session, command: list[str], cwd: Path, env: dict[str, str], log: Path) -> None:
         self.log = log
         with open(log, "wb") as out:
-            self.process = subprocess.Popen(
-                command, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )  # fmt: skip
+            self.process = in_session(command, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT)
 
     def wait_for(self, text: str, timeout: float) -> str:
         deadline = time.monotonic() + timeout
@@ -92,25 +87,10 @@ class Group:
             time.sleep(0.1)
         pytest.fail(f"{text!r} did not appear within {timeout} s:\n{self.log.read_text(errors='replace')}")
 
-    def kill(self) -> None:
-        try:
-            os.killpg(self.process.pid, signal.SIGKILL)
-        except OSError:
-            pass
-        self.process.wait(10)
-
 
 @pytest.fixture
-def group():
-    started: list[Group] = []
-
-    def _start(*args, **kwargs) -> Group:
-        started.append(Group(*args, **kwargs))
-        return started[-1]
-
-    yield _start
-    for each in started:
-        each.kill()
+def group(in_session):
+    return lambda *args: Job(in_session, *args)
 
 
 def lines_of(text: str, pid: int) -> list[str]:

@@ -171,28 +171,9 @@ def test_a_mutex_owner_that_waits_for_no_gil_is_no_deadlock(site: Path, start) -
 
 # -- inspect ----------------------------------------------------------------------------------------------
 @pytest.fixture
-def spawn(site: Path):
+def spawn(site: Path, in_session):
     """spawn(SCRIPT) runs `python SCRIPT` without importwatch in SITE; killed after the test."""
-    started: list[subprocess.Popen] = []
-
-    def _spawn(script: str) -> subprocess.Popen:
-        process = subprocess.Popen(
-            [sys.executable, script],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            env=clean_env(),
-            cwd=site,
-            start_new_session=True,
-        )
-        started.append(process)
-        return process
-
-    yield _spawn
-    for process in started:
-        if process.poll() is None:
-            os.killpg(process.pid, 9)
-        process.wait(timeout=30)
+    return lambda script: in_session([sys.executable, script], env=clean_env(), cwd=site)
 
 
 def inspect_until(pid: int, wanted: str, *args: str) -> subprocess.CompletedProcess:

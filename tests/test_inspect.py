@@ -64,28 +64,16 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def spawn(site: Path):
+def spawn(site: Path, in_session):
     """spawn(ARGS) starts `python ARGS` without importwatch, in its own session; killed after the test."""
-    started: list[subprocess.Popen] = []
 
     def _spawn(*args: str, stdin=subprocess.DEVNULL) -> subprocess.Popen:
-        process = subprocess.Popen(
-            [sys.executable, *args],
-            stdin=stdin,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            env=clean_env(PYTHONPATH=str(site)),
-            cwd=site,
-            start_new_session=True,
+        command = [sys.executable, *args]
+        return in_session(
+            command, stdin=stdin, stdout=subprocess.PIPE, env=clean_env(PYTHONPATH=str(site)), cwd=site
         )
-        started.append(process)
-        return process
 
-    yield _spawn
-    for process in started:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait(timeout=30)
+    return _spawn
 
 
 def tools(tmp_path: Path, *names: str) -> str:

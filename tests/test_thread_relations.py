@@ -6,10 +6,8 @@ in threading's shutdown, for a thread hung in an import. Each shape under the ru
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -178,23 +176,9 @@ def test_the_watchers_outside_view_of_the_cycle_says_waiting_not_busy(root: Path
 
 # -- outside: inspect PID ---------------------------------------------------------------------------
 @pytest.fixture
-def spawn(root: Path):
+def spawn(root: Path, in_session):
     """spawn(SCRIPT) starts `python SCRIPT` without importwatch, in its own session; killed after the test."""
-    started: list[subprocess.Popen] = []
-
-    def _spawn(script: str) -> subprocess.Popen:
-        process = subprocess.Popen(
-            [sys.executable, script], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL, env=clean_env(PYTHONPATH=str(root)), cwd=root, start_new_session=True,
-        )  # fmt: skip
-        started.append(process)
-        return process
-
-    yield _spawn
-    for process in started:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait(timeout=30)
+    return lambda script: in_session([sys.executable, script], env=clean_env(PYTHONPATH=str(root)), cwd=root)
 
 
 def _only(tmp_path: Path, name: str) -> str:
