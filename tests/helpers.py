@@ -105,3 +105,16 @@ def torch_dir() -> Path | None:
     if spec is None or not spec.submodule_search_locations:
         return None
     return Path(next(iter(spec.submodule_search_locations)))
+
+
+def deep_import_chain(folder: Path, tail: str = "") -> None:
+    """FOLDER/main.py imports a chain of 300 modules (chain/n0 ... n299) under a recursion limit of 250,
+    records in sys.deepest how deep it got, then runs TAIL and prints sys.deepest."""
+    chain = folder / "chain"
+    chain.mkdir()
+    for level in range(300):
+        (chain / f"n{level}.py").write_text(f"import sys\nsys.deepest = {level}\nimport n{level + 1}\n")
+    (folder / "main.py").write_text(
+        "import sys\nsys.path.insert(0, 'chain')\nsys.deepest = -1\nsys.setrecursionlimit(250)\n"
+        "try:\n    import n0\nexcept RecursionError:\n    pass\n" + tail + "print(sys.deepest)\n"
+    )

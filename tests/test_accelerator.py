@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ROOT, clean_env, importwatch
+from helpers import ROOT, clean_env, deep_import_chain, importwatch
 from test_side_by_side import _ours_removed, three_ways
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]  # every test here starts processes
@@ -179,15 +179,7 @@ def test_with_the_accelerator_a_module_body_s_stack_and_traceback_are_plain_pyth
 
 @needs_accelerator
 def test_with_the_accelerator_nested_imports_reach_as_deep_as_under_plain_python(tmp_path: Path) -> None:
-    chain = tmp_path / "chain"
-    chain.mkdir()
-    for level in range(300):
-        (chain / f"n{level}.py").write_text(f"import sys\nsys.deepest = {level}\nimport n{level + 1}\n")
-    (tmp_path / "main.py").write_text(
-        "import sys\nsys.path.insert(0, 'chain')\nsys.deepest = -1\nsys.setrecursionlimit(250)\n"
-        "try:\n    import n0\nexcept RecursionError:\n    pass\n"
-        "print(sys.deepest)\n"
-    )  # fmt: skip
+    deep_import_chain(tmp_path)
     runs = three_ways(["main.py"], tmp_path, runner_options=QUIET, **QUIET_ENV, **C)
     plain = runs["plain"]
     assert plain.returncode == 0 and int(plain.stdout) > 10, plain.stderr

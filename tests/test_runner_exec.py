@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ROOT, clean_env
+from helpers import ROOT, clean_env, deep_import_chain
 from test_side_by_side import RUNNER, _ours_removed, three_ways
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]  # every test here starts processes
@@ -68,16 +68,8 @@ def test_the_program_s_stack_and_recursion_depth_are_plain_python_s(tmp_path: Pa
 
 def test_nested_imports_reach_as_deep_under_the_runner_as_under_importwatch_1(tmp_path: Path) -> None:
     """Inside imports the tracer's one frame per import costs both alike; the runner adds nothing."""
-    chain = tmp_path / "chain"
-    chain.mkdir()
-    for level in range(300):
-        (chain / f"n{level}.py").write_text(f"import sys\nsys.deepest = {level}\nimport n{level + 1}\n")
-    (tmp_path / "main.py").write_text(
-        "import sys\nsys.path.insert(0, 'chain')\nsys.deepest = -1\nsys.setrecursionlimit(250)\n"
-        "try:\n    import n0\nexcept RecursionError:\n    pass\n"
-        "import mod\n"  # the stack inside a module body, importlib's frames and all
-        "print(sys.deepest)\n"
-    )  # fmt: skip
+    # the stack inside a module body, importlib's frames and all
+    deep_import_chain(tmp_path, tail="import mod\n")
     (tmp_path / "mod.py").write_text("import traceback\nprint(len(traceback.extract_stack()))\n")
     runs = three_ways(["main.py"], tmp_path, runner_options=QUIET, IMPORTWATCH_STDERR="none")
     assert runs["plain"].returncode == 0 and int(runs["plain"].stdout.split()[1]) > 10
