@@ -158,7 +158,10 @@ def test_only_the_entry_points_and_the_tools_import_the_tools() -> None:
 
 
 def test_no_source_file_is_over_600_lines_but_those_an_issue_splits() -> None:
-    sizes = {str(path.relative_to(SRC)): len(path.read_text().splitlines()) for path in PACKAGE.rglob("*.py")}
+    # The package's modules, its C accelerator (its .c and the parts it includes), the benchmarks.
+    code = [*PACKAGE.rglob("*.py"), *PACKAGE.rglob("*.c"), *PACKAGE.rglob("*.h")]
+    files = [*code, *(SRC.parent / "benchmarks").glob("*.py")]
+    sizes = {str(path.relative_to(SRC.parent)): len(path.read_text().splitlines()) for path in files}
     over = {path for path, lines in sizes.items() if lines > LIMIT}
     assert over <= set(OVER_LIMIT), f"over {LIMIT} lines: {sorted(over - set(OVER_LIMIT))}"
     # An entry whose file has been split goes: the list only shrinks.

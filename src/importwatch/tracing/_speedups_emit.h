@@ -1,0 +1,304 @@
+/* Writing a line as Sink.emit does (sink.py), in the common case: the part of the C hook that
+ * formats its two lines and writes each with one write(2) per channel.
+ *
+ * Included once by _speedups.c, after its Hook and its error helpers: one translation unit, so
+ * every function here stays static. Not compiled on its own. */
+
+/* -- writing a line as Sink.emit does (sink.py), in the common case -------------------------- */
+/* write(2) as os.write does it: without the GIL, again after a signal whose handler did not raise.
+   Returns what write returned (-1 with errno set), or -2 when a signal handler raised. */
+static Py_ssize_t write_once(int fd, const char *data, size_t size) {
+    Py_ssize_t written;
+    for (;;) {
+        Py_BEGIN_ALLOW_THREADS
+        written = write(fd, data, size);
+        Py_END_ALLOW_THREADS
+        if (written >= 0 || errno != EINTR) {
+            return written;
+        }
+        if (PyErr_CheckSignals() < 0) {
+            return -2;
+        }
+    }
+}
+
+static int set_true(PyObject *object, PyObject *attribute) {
+    return PyObject_SetAttr(object, attribute, Py_True);
+}
+
+/* An attribute of OBJECT as a C long / truth value; -1 with an exception on failure. */
+static long long_attr(PyObject *object, PyObject *attribute) {
+    PyObject *value = PyObject_GetAttr(object, attribute);
+    if (value == NULL) {
+        return -1;
+    }
+    long result = PyLong_AsLong(value);
+    Py_DECREF(value);
+    return result;
+}
+
+static int true_attr(PyObject *object, PyObject *attribute) {
+    PyObject *value = PyObject_GetAttr(object, attribute);
+    if (value == NULL) {
+        return -1;
+    }
+    int result = PyObject_IsTrue(value);
+    Py_DECREF(value);
+    return result;
+}
+
+/* Channel.write: all of DATA to CHANNEL unless it is broken; a failure breaks it. 0, or -1 with an
+   exception (a signal handler's, or one of ours). */
+static int channel_write(PyObject *channel, const char *data, size_t size) {
+    int broken = true_attr(channel, s_broken);
+    long fd = broken ? -1 : long_attr(channel, s_fd);
+    if (broken < 0 || (fd == -1 && PyErr_Occurred())) {
+        return -1;
+    }
+    while (!broken && size > 0) {
+        Py_ssize_t written = write_once((int)fd, data, size);
+        if (written == -2) {
+            return -1;
+        }
+        if (written < 0) {
+            return set_true(channel, s_broken);
+        }
+        data += written;
+        size -= (size_t)written;
+    }
+    return 0;
+}
+
+/* The stderr part of Sink.emit for TEXT: one write; the rest, a failure and a copy of stderr made
+   anew as its Channel.write and _stderr_again do. */
+static int stderr_write(Hook *self, PyObject *stderr_channel, const char *text, size_t size) {
+    long fd = long_attr(stderr_channel, s_fd);
+    if (fd == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    Py_ssize_t written = write_once((int)fd, text, size);
+    if (written == -2) {
+        return -1;
+    }
+    if (written >= 0) {
+        return (size_t)written == size ? 0 : channel_write(stderr_channel, text + written, size - (size_t)written);
+    }
+    PyErr_SetFromErrno(PyExc_OSError);
+    Saved error;
+    save_error(&error);
+    PyObject *again = PyObject_CallMethodOneArg(self->sink, s_stderr_again, error.value);
+    drop_error(&error);
+    int renewed = again == NULL ? -1 : PyObject_IsTrue(again);
+    Py_XDECREF(again);
+    if (renewed < 0) {
+        return -1;
+    }
+    if (!renewed) {
+        return set_true(stderr_channel, s_broken);
+    }
+    return channel_write(stderr_channel, text, size); /* breaks the channel itself on failure */
+}
+
+/* The feed part of Sink.emit (Feed.send, nothing lost before): EAGAIN loses the line, counted; another
+   failure closes the feed. */
+static int feed_write(PyObject *feed, const char *text, size_t size) {
+    long fd = long_attr(feed, s_fd);
+    if (fd == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    Py_ssize_t written = write_once((int)fd, text, size);
+    if (written == -2) {
+        return -1;
+    }
+    if (written >= 0) {
+        return 0;
+    }
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        PyObject *one = PyLong_FromLong(1);
+        int result = one == NULL ? -1 : PyObject_SetAttr(feed, s_lost, one);
+        Py_XDECREF(one);
+        return result;
+    }
+    return set_true(feed, s_closed);
+}
+
+/* The log part of Sink.emit for a text log: a short write is a full disk; EBADF, a descriptor the
+   program closed; any other failure breaks the log, said once. */
+static int log_write(Hook *self, PyObject *log, const char *text, size_t size) {
+    long fd = long_attr(log, s_fd);
+    if (fd == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    Py_ssize_t written = write_once((int)fd, text, size);
+    if (written == -2) {
+        return -1;
+    }
+    if (written >= 0 && (size_t)written == size) {
+        return 0;
+    }
+    int number = written < 0 ? errno : ENOSPC;
+    PyObject *result;
+    if (number == EBADF) {
+        result = PyObject_CallMethodOneArg(self->sink, s_log_lost, log);
+    } else {
+        PyObject *name = PyObject_GetAttr(log, s_name);
+        PyObject *message = name == NULL || set_true(log, s_broken) < 0
+                                ? NULL
+                                : PyUnicode_FromFormat("cannot write log file %U: %s; logging to stderr only",
+                                                       name, strerror(number));
+        Py_XDECREF(name);
+        result = message == NULL ? NULL : PyObject_CallMethodOneArg(self->sink, s_warn, message);
+        Py_XDECREF(message);
+    }
+    Py_XDECREF(result);
+    return result == NULL ? -1 : 0;
+}
+
+/* Sink.emit(KIND, BODY) for one of the hook's lines, BODY being DEPTH indents, MARK, SHOWN and TAIL,
+   formatted and written here when the case is the common one: the main thread, a text log or none, the
+   watcher's feed with nothing lost, the program's last stderr line ended. 1: written (or nowhere to go);
+   0: not the common case, nothing done (Sink.emit does it); -1: an exception, as emit would raise. */
+static int fast_emit(Hook *self, PyObject *kind, Py_ssize_t depth, const char *mark, PyObject *shown,
+                     const char *tail) {
+    PyObject *sink = self->sink, *loud = NULL, *log = NULL, *feed = NULL, *stderr_channel = NULL, *value = NULL;
+    int result = -1, loud_kind = 1, log_on = 0, feed_on = 0, stderr_on = 0;
+    char small[512], *text = small;
+    if (!PyUnicode_IS_ASCII(shown)) {
+        return 0;
+    }
+    if ((loud = PyObject_GetAttr(sink, s_loud)) == NULL || (log = PyObject_GetAttr(sink, s_log)) == NULL ||
+        (feed = PyObject_GetAttr(sink, s_feed)) == NULL ||
+        (stderr_channel = PyObject_GetAttr(sink, s_stderr)) == NULL) {
+        goto done;
+    }
+    if (loud != Py_None) { /* --stderr stalls or none: whether this kind goes to stderr, decided already */
+        PyObject *answer = PyDict_Check(loud) ? PyDict_GetItemWithError(loud, kind) : NULL;
+        if (answer == NULL) {
+            result = PyErr_Occurred() ? -1 : 0;
+            goto done;
+        }
+        loud_kind = answer == Py_True;
+        if (!loud_kind && log == Py_None && feed == Py_None) {
+            result = 1; /* this line goes nowhere */
+            goto done;
+        }
+    }
+    unsigned long main_thread = 0;
+    if ((value = PyObject_GetAttr(sink, s_main_thread)) == NULL ||
+        ((main_thread = PyLong_AsUnsignedLong(value)) == (unsigned long)-1 && PyErr_Occurred())) {
+        goto done;
+    }
+    Py_CLEAR(value);
+    if (main_thread != PyThread_get_thread_ident()) {
+        result = 0; /* another thread's name goes in its lines */
+        goto done;
+    }
+    if (log != Py_None) {
+        int broken = true_attr(log, s_broken);
+        int json = broken ? 0 : true_attr(log, s_json);
+        if (broken < 0 || json < 0) {
+            goto done;
+        }
+        if (json) {
+            result = 0;
+            goto done;
+        }
+        log_on = !broken;
+    }
+    if (feed != Py_None) {
+        int closed = true_attr(feed, s_closed);
+        long lost = closed ? 0 : long_attr(feed, s_lost);
+        if (closed < 0 || (lost == -1 && PyErr_Occurred())) {
+            goto done;
+        }
+        if (lost) {
+            result = 0; /* a `#lost N` line goes first */
+            goto done;
+        }
+        feed_on = !closed;
+    }
+    if (loud_kind) {
+        int broken = true_attr(stderr_channel, s_broken);
+        int partial = broken ? 0 : true_attr(sink, s_partial);
+        if (broken < 0 || partial < 0) {
+            goto done;
+        }
+        if (partial) {
+            result = 0; /* our line starts on a line of its own */
+            goto done;
+        }
+        stderr_on = !broken;
+    }
+
+    /* The stamp, made anew by the sink (_set_stamp) once a millisecond; then the line. */
+    PyObject *clock = PyObject_GetAttr(sink, s_now);
+    value = clock == NULL ? NULL : PyObject_CallNoArgs(clock);
+    Py_XDECREF(clock);
+    double now = value == NULL ? -1.0 : PyFloat_AsDouble(value);
+    if (value == NULL || (now == -1.0 && PyErr_Occurred())) {
+        goto done;
+    }
+    Py_CLEAR(value);
+    double scaled = now * 1000.0;
+    if (!(scaled >= 0.0 && scaled < 9e18)) {
+        result = 0; /* a clock no int() of ours should meet: emit's own */
+        goto done;
+    }
+    long long msec = (long long)scaled, stamped; /* int(now * 1000) */
+    if ((value = PyObject_GetAttr(sink, s_msec)) == NULL ||
+        ((stamped = PyLong_AsLongLong(value)) == -1 && PyErr_Occurred())) {
+        goto done;
+    }
+    Py_CLEAR(value);
+    if (stamped != msec) {
+        PyObject *number = PyLong_FromLongLong(msec);
+        value = number == NULL ? NULL : PyObject_CallMethodOneArg(sink, s_set_stamp, number);
+        Py_XDECREF(number);
+        if (value == NULL) {
+            goto done;
+        }
+        Py_CLEAR(value);
+    }
+    if ((value = PyObject_GetAttr(sink, s_prefix)) == NULL) {
+        goto done;
+    }
+    size_t prefix_size = PyUnicode_Check(value) && PyUnicode_IS_ASCII(value) ? (size_t)PyUnicode_GET_LENGTH(value) : 0;
+    size_t shown_size = (size_t)PyUnicode_GET_LENGTH(shown), tail_size = tail ? strlen(tail) : 0;
+    size_t size = prefix_size + 2 * (size_t)depth + 2 + shown_size + tail_size + 1;
+    if (prefix_size == 0 || (feed_on && size > 4096)) {
+        result = 0; /* the feed cuts a long line: Feed.send's */
+        goto done;
+    }
+    if (size > sizeof small && (text = PyMem_Malloc(size)) == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    char *out = text;
+    memcpy(out, PyUnicode_DATA(value), prefix_size);
+    out += prefix_size;
+    memset(out, ' ', 2 * (size_t)depth);
+    out += 2 * depth;
+    memcpy(out, mark, 2);
+    memcpy(out + 2, PyUnicode_DATA(shown), shown_size);
+    out += 2 + shown_size;
+    if (tail_size) {
+        memcpy(out, tail, tail_size);
+        out += tail_size;
+    }
+    *out = '\n';
+    if ((stderr_on && stderr_write(self, stderr_channel, text, size) < 0) ||
+        (feed_on && feed_write(feed, text, size) < 0) || (log_on && log_write(self, log, text, size) < 0)) {
+        goto done;
+    }
+    result = 1;
+done:
+    if (text != small) {
+        PyMem_Free(text);
+    }
+    Py_XDECREF(value);
+    Py_XDECREF(loud);
+    Py_XDECREF(log);
+    Py_XDECREF(feed);
+    Py_XDECREF(stderr_channel);
+    return result;
+}

@@ -1,0 +1,135 @@
+/* The C hook's helpers: the import's exception kept across our own calls, the two lines' text,
+ * the step objects the tracer's stacks hold, and a failure's words.
+ *
+ * Included once by _speedups.c, after its Hook: one translation unit, so every function here
+ * stays static. Not compiled on its own. */
+
+/* -- exceptions, the same way on every version (PyErr_Fetch is deprecated from 3.12) ----------- */
+typedef struct {
+    PyObject *type, *value, *traceback;
+} Saved;
+
+static void save_error(Saved *saved) {
+#if PY_VERSION_HEX >= 0x030C0000
+    saved->value = PyErr_GetRaisedException();
+    saved->type = saved->traceback = NULL;
+#else
+    PyErr_Fetch(&saved->type, &saved->value, &saved->traceback);
+    PyErr_NormalizeException(&saved->type, &saved->value, &saved->traceback);
+    if (saved->traceback != NULL && saved->value != NULL) {
+        PyException_SetTraceback(saved->value, saved->traceback);
+    }
+#endif
+}
+
+static void restore_error(Saved *saved) {
+#if PY_VERSION_HEX >= 0x030C0000
+    PyErr_SetRaisedException(saved->value);
+#else
+    PyErr_Restore(saved->type, saved->value, saved->traceback);
+#endif
+    saved->type = saved->value = saved->traceback = NULL;
+}
+
+static void drop_error(Saved *saved) {
+    Py_CLEAR(saved->type);
+    Py_CLEAR(saved->value);
+    Py_CLEAR(saved->traceback);
+}
+
+/* An exception of ours is set. An Exception is said through tracer.internal_error("writing a line", error)
+   and cleared, as the closure's `except Exception` does (a failure to say it is dropped too): 0. Anything
+   else (KeyboardInterrupt) stays set, to propagate as it would from the closure: -1. */
+static int said(Hook *self) {
+    if (!PyErr_ExceptionMatches(PyExc_Exception)) {
+        return -1;
+    }
+    Saved error;
+    save_error(&error);
+    PyObject *result =
+        PyObject_CallMethodObjArgs(self->tracer, s_internal_error, s_writing_a_line, error.value, NULL);
+    drop_error(&error);
+    if (result != NULL) {
+        Py_DECREF(result);
+        return 0;
+    }
+    if (PyErr_ExceptionMatches(PyExc_Exception)) {
+        PyErr_Clear();
+        return 0;
+    }
+    return -1;
+}
+
+/* -- the lines ------------------------------------------------------------------------------- */
+/* DEPTH times two spaces, MARK ("> " or "< "), SHOWN (printable ASCII), then TAIL (or nothing). */
+static PyObject *line(Py_ssize_t depth, const char *mark, PyObject *shown, const char *tail) {
+    if (!PyUnicode_IS_ASCII(shown)) { /* escape() gives ASCII; this is for a broken escape only */
+        PyObject *head = PyUnicode_FromFormat("%*s%s", (int)(2 * depth), "", mark);
+        PyObject *result = head == NULL ? NULL : PyUnicode_FromFormat("%U%U%s", head, shown, tail ? tail : "");
+        Py_XDECREF(head);
+        return result;
+    }
+    Py_ssize_t size = PyUnicode_GET_LENGTH(shown), tail_size = tail ? (Py_ssize_t)strlen(tail) : 0;
+    PyObject *text = PyUnicode_New(2 * depth + 2 + size + tail_size, 127);
+    if (text == NULL) {
+        return NULL;
+    }
+    char *out = (char *)PyUnicode_DATA(text);
+    memset(out, ' ', (size_t)(2 * depth));
+    out += 2 * depth;
+    memcpy(out, mark, 2);
+    memcpy(out + 2, PyUnicode_DATA(shown), (size_t)size);
+    if (tail_size) {
+        memcpy(out + 2 + size, tail, (size_t)tail_size);
+    }
+    return text;
+}
+
+/* NAME as the lines show it: itself when printable ASCII (str.isascii() and str.isprintable()), else escaped. */
+static PyObject *shown_name(Hook *self, PyObject *name) {
+    if (PyUnicode_IS_ASCII(name)) {
+        const unsigned char *data = (const unsigned char *)PyUnicode_DATA(name);
+        Py_ssize_t size = PyUnicode_GET_LENGTH(name), i = 0;
+        while (i < size && data[i] >= 0x20 && data[i] < 0x7f) {
+            i++;
+        }
+        if (i == size) {
+            Py_INCREF(name);
+            return name;
+        }
+    }
+    return PyObject_CallOneArg(self->escape, name);
+}
+
+/* A new TracedStep for an import: the closure's TracedStep(name, start), without running __init__. */
+static PyObject *new_step(Hook *self, PyObject *name, PyObject *start) {
+    PyTypeObject *type = (PyTypeObject *)self->step_type;
+    PyObject *step = type->tp_alloc(type, 0);
+    if (step == NULL) {
+        return NULL;
+    }
+    PyObject *values[SLOTS] = {name, s_import, start, start, Py_None, Py_None};
+    for (int i = 0; i < SLOTS; i++) {
+        PyObject *slot = self->slots[i];
+        if (Py_TYPE(slot)->tp_descr_set(slot, step, values[i]) < 0) {
+            Py_DECREF(step);
+            return NULL;
+        }
+    }
+    return step;
+}
+
+/* "TypeName: message", as the closure's f"{type(error).__name__}: {error}". */
+static PyObject *failure_text(PyObject *error) {
+    PyObject *type_name = PyObject_GetAttr((PyObject *)Py_TYPE(error), s_dunder_name);
+    if (type_name == NULL) {
+        return NULL;
+    }
+    PyObject *empty = PyUnicode_FromStringAndSize("", 0);
+    PyObject *message = empty == NULL ? NULL : PyObject_Format(error, empty);
+    Py_XDECREF(empty);
+    PyObject *text = message == NULL ? NULL : PyUnicode_FromFormat("%S: %S", type_name, message);
+    Py_DECREF(type_name);
+    Py_XDECREF(message);
+    return text;
+}
