@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -244,3 +245,41 @@ def test_busy_import_is_slow_not_stuck_and_not_ended(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert "STALL" in result.stderr and "busy, not stuck: MainThread used" in result.stderr
     assert "exiting with status 1" not in result.stderr and "< spin " in result.stderr
+
+
+# A finder that hangs holds importlib's global lock: the heartbeat must import nothing at a report.
+_HUNG_FINDER = """\
+import sys, time
+class Slow:
+    def find_spec(self, name, path=None, target=None):
+        if name == "hangs":
+            time.sleep(30)
+        return None
+sys.meta_path.insert(0, Slow())
+{body}
+"""
+_FINDER_BODIES = {
+    "plain": "import hangs\n",
+    # handling an exception while it hangs: what a retry loop's look reads
+    "in an except clause": "try:\n    import json_fast\nexcept ImportError:\n    import hangs\n",
+}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("body", sorted(_FINDER_BODIES))
+@pytest.mark.parametrize("how", ["runner", "IMPORTWATCH=1"])
+def test_a_finder_that_hangs_holding_the_import_lock_is_reported_whole_and_ended(tmp_path: Path, how, body):
+    (tmp_path / "run.py").write_text(_HUNG_FINDER.format(body=_FINDER_BODIES[body]))
+    env = clean_env(PYTHONPATH=str(tmp_path))
+    if how == "runner":
+        done = importwatch(
+            "--timeout", "1", "--exit-on-stall", "--no-watcher", "run.py", env=env, cwd=tmp_path
+        )
+    else:
+        env.update(IMPORTWATCH="1", IMPORTWATCH_TIMEOUT="1", IMPORTWATCH_EXIT_ON_STALL="1")
+        done = subprocess.run(
+            [sys.executable, "run.py"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=50
+        )
+    assert done.returncode == 1, done.stderr
+    assert "in flight: MainThread: hangs (finding, " in done.stderr, done.stderr
+    assert "Stacks of the program's threads" in done.stderr and "exiting with status 1" in done.stderr

@@ -238,7 +238,9 @@ def lone_wait(
     tid = tracer.native_ids.get(culprit)
     if tid is None:
         return []
-    pools = tracer.import_own("importwatch.facts.pools")
+    pools = sys.modules.get("importwatch.facts.pools")  # loaded at start-up (see Retries)
+    if pools is None:
+        return []
     library = pools.own_pool_wait(tid, own)
     return [] if library is None else [f"{thread_name(culprit)}: {pools.orphaned_pool(library, parent)}"]
 
@@ -256,7 +258,10 @@ class Retries:
     """
 
     def __init__(self, import_own: Callable) -> None:
-        self.import_own = import_own
+        # Loaded now, at start-up, never at a stall: a thread stalled in a finder holds the import
+        # lock, and an import made by the heartbeat would wait for it for ever (lone_wait's too).
+        self.retry = import_own("importwatch.facts.retry")
+        import_own("importwatch.facts.pools")
         # ident: (the args of the refusal last seen, how many were seen, the address tried)
         self.seen: dict[int, tuple[tuple, int, tuple[str, int] | None]] = {}
 
@@ -276,7 +281,7 @@ class Retries:
                 error = error[1]
             if error is None:
                 continue
-            retry = self.import_own("importwatch.facts.retry")
+            retry = self.retry
             refused = retry.refusal(error)
             if refused is None:
                 continue
@@ -295,6 +300,6 @@ class Retries:
         lines = []
         for ident, (_, count, address) in self.seen.items():
             if count >= 2:  # one refusal handled is no loop yet
-                words = self.import_own("importwatch.facts.retry").words(address, count)
+                words = self.retry.words(address, count)
                 lines.append(f"{thread_name(ident)} is {words}")
         return lines
