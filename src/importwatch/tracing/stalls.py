@@ -200,11 +200,9 @@ def thread_names(thread_name: Callable[[int], str]) -> str:
     return ", ".join(f"0x{ident:016x} {thread_name(ident)}" for ident in sorted(sys._current_frames()))
 
 
-def lookups(
-    chains: dict[int, list[TracedStep]], now: float, thread_name: Callable[[int], str], import_own: Callable
-) -> list[str]:
+def lookups(chains: dict[int, list[TracedStep]], now: float, thread_name: Callable[[int], str]) -> list[str]:
     """One line per thread in flight whose innermost Python frame is socket.getaddrinfo: the host it
-    resolves, the nameserver asked (facts/resolver.py, imported only then) and for how long."""
+    resolves, the nameserver asked (facts/resolver.py, loaded at start-up) and for how long."""
     socket = sys.modules.get("socket")
     filename = getattr(socket, "__file__", None)
     if filename is None:
@@ -219,7 +217,9 @@ def lookups(
         host = frame.f_locals.get("host")  # type: ignore[union-attr]
         if isinstance(host, bytes):
             host = host.decode("ascii", "backslashreplace")
-        resolver = import_own("importwatch.facts.resolver")
+        resolver = sys.modules.get("importwatch.facts.resolver")  # loaded at start-up (see Retries)
+        if resolver is None:
+            continue
         servers = resolver.queried()
         text = resolver.lookup(
             host if isinstance(host, str) and host else None,
@@ -262,6 +262,7 @@ class Retries:
         # lock, and an import made by the heartbeat would wait for it for ever (lone_wait's too).
         self.retry = import_own("importwatch.facts.retry")
         import_own("importwatch.facts.pools")
+        import_own("importwatch.facts.resolver")
         # ident: (the args of the refusal last seen, how many were seen, the address tried)
         self.seen: dict[int, tuple[tuple, int, tuple[str, int] | None]] = {}
 

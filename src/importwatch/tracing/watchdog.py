@@ -400,7 +400,7 @@ class Watchdog:
             # Who waits for whom first: the answer, where there is one.
             context = [*ending.values(), *stalls.deadlocks(waits, thread_name)]
             context += reporting.context(chains[culprit], now)
-            context += stalls.lookups(chains, now, thread_name, self.tracer.import_own)
+            context += stalls.lookups(chains, now, thread_name)
             context += stalls.lone_wait(self.tracer, culprit, thread_name, sink.own_tids(), self.forked_from)
             context += self._retries.lines(thread_name)
             order = [culprit, *(ident for ident in chains if ident != culprit)]
