@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -336,7 +337,12 @@ def test_our_threads_are_named_as_ours_never_as_suspects(tmp_path, start):
     title = next(i for i, line in enumerate(lines) if "outside: native stacks (gdb" in line)
     listing = [line for line in lines[:title] if "(tid " in line]
     assert "MainThread (tid" in listing[0] and ": waiting; in " in listing[0], listing
-    assert any("faulthandler-timer (tid" in line and "faulthandler's timer" in line for line in listing)
+    # faulthandler's timer thread lives while it is armed: re-armed for the next report (a new thread),
+    # or fired when a loaded machine delayed the heartbeat, it may be gone at the look; when there, ours.
+    timers = [line for line in listing if "faulthandler" in line]
+    assert all("faulthandler-timer (tid" in line and "faulthandler's timer" in line for line in timers), (
+        timers
+    )
     assert any("importwatch-heartbeat (tid" in line and "(ours)" in line for line in listing), listing
     assert not any("thread-" in line for line in listing), listing
     # Ours in one line each: never a verdict nor what they wait on.
@@ -344,14 +350,13 @@ def test_our_threads_are_named_as_ours_never_as_suspects(tmp_path, start):
     # On the terminal the stacks are the program's; ours are counted, and named in the log.
     shown = [line.split("] outside: ", 1)[1] for line in lines[title + 1 :]]
     assert [line for line in shown if line.startswith("  Thread")] == [shown[0]], shown
-    assert "  (and 2 threads of importwatch's own)" in shown, shown
+    assert any(re.fullmatch(r"  \(and [12] threads? of importwatch's own\)", line) for line in shown), shown
     logged = outside_lines(log.read_text())
     title = next(i for i, line in enumerate(logged) if "outside: native stacks (gdb" in line)
     stacks = [line.split("] outside: ", 1)[1] for line in logged[title + 1 :]]
     headers = [line for line in stacks if line.startswith("  Thread")]
     assert "MainThread" in headers[0]
-    assert any("faulthandler's timer thread" in line for line in headers[1:]), headers
-    assert all(line.endswith("(ours)") for line in headers[1:]), headers
+    assert len(headers) >= 2 and all(line.endswith("(ours)") for line in headers[1:]), headers
 
 
 # -- 5. someone else's debugger: not ours to kill ------------------------------------------------
