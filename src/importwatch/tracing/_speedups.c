@@ -115,17 +115,6 @@ static PyObject *first_stack(Hook *self, PyObject *key) {
     return stack;
 }
 
-/* The fields of a JSON log's line, made only when the sink writes them (sink.structured). */
-static int structured(Hook *self) {
-    PyObject *value = PyObject_GetAttr(self->sink, s_structured);
-    if (value == NULL) {
-        return -1;
-    }
-    int truth = PyObject_IsTrue(value);
-    Py_DECREF(value);
-    return truth;
-}
-
 /* FRAME out of STACK, by identity, wherever it is (a re-entrant import or a fork may have moved it). */
 static int take_out(PyObject *stack, PyObject *frame) {
     for (Py_ssize_t i = PyList_GET_SIZE(stack) - 1; i >= 0; i--) {
@@ -144,7 +133,7 @@ static int end_line(Hook *self, PyObject *name, PyObject *parent, PyObject *show
         return -1;
     }
     if (failure == NULL) {
-        int wanted = structured(self);
+        int wanted = true_attr(self->sink, s_structured); /* a JSON log: fields made only then */
         if (wanted < 0) {
             goto done;
         }
@@ -310,7 +299,7 @@ static PyObject *hook_call(PyObject *callable, PyObject *const *args, size_t nar
 
     /* From the push on: whatever fails, ours or the import, the step is popped and its end written. */
     {
-        int wanted = structured(self), fast = 0;
+        int wanted = true_attr(self->sink, s_structured), fast = 0;
         PyObject *fields = NULL, *text = NULL, *result = NULL;
         if (wanted == 0) { /* a text log or none: written here in the common case */
             fast = fast_emit(self, s_import, depth, "> ", shown, NULL);

@@ -4,7 +4,6 @@
  * Included once by _speedups.c, after its Hook and its error helpers: one translation unit, so
  * every function here stays static. Not compiled on its own. */
 
-/* -- writing a line as Sink.emit does (sink.py), in the common case -------------------------- */
 /* write(2) as os.write does it: without the GIL, again after a signal whose handler did not raise.
    Returns what write returned (-1 with errno set), or -2 when a signal handler raised. */
 static Py_ssize_t write_once(int fd, const char *data, size_t size) {
@@ -47,6 +46,16 @@ static int true_attr(PyObject *object, PyObject *attribute) {
     return result;
 }
 
+/* One write_once to the descriptor CHANNEL names (its `fd`): what write returned (-1 with errno set),
+   or -2 with an exception (no fd to read, or a signal handler raised). */
+static Py_ssize_t write_to(PyObject *channel, const char *data, size_t size) {
+    long fd = long_attr(channel, s_fd);
+    if (fd == -1 && PyErr_Occurred()) {
+        return -2;
+    }
+    return write_once((int)fd, data, size);
+}
+
 /* Channel.write: all of DATA to CHANNEL unless it is broken; a failure breaks it. 0, or -1 with an
    exception (a signal handler's, or one of ours). */
 static int channel_write(PyObject *channel, const char *data, size_t size) {
@@ -72,11 +81,7 @@ static int channel_write(PyObject *channel, const char *data, size_t size) {
 /* The stderr part of Sink.emit for TEXT: one write; the rest, a failure and a copy of stderr made
    anew as its Channel.write and _stderr_again do. */
 static int stderr_write(Hook *self, PyObject *stderr_channel, const char *text, size_t size) {
-    long fd = long_attr(stderr_channel, s_fd);
-    if (fd == -1 && PyErr_Occurred()) {
-        return -1;
-    }
-    Py_ssize_t written = write_once((int)fd, text, size);
+    Py_ssize_t written = write_to(stderr_channel, text, size);
     if (written == -2) {
         return -1;
     }
@@ -102,11 +107,7 @@ static int stderr_write(Hook *self, PyObject *stderr_channel, const char *text, 
 /* The feed part of Sink.emit (Feed.send, nothing lost before): EAGAIN loses the line, counted; another
    failure closes the feed. */
 static int feed_write(PyObject *feed, const char *text, size_t size) {
-    long fd = long_attr(feed, s_fd);
-    if (fd == -1 && PyErr_Occurred()) {
-        return -1;
-    }
-    Py_ssize_t written = write_once((int)fd, text, size);
+    Py_ssize_t written = write_to(feed, text, size);
     if (written == -2) {
         return -1;
     }
@@ -125,11 +126,7 @@ static int feed_write(PyObject *feed, const char *text, size_t size) {
 /* The log part of Sink.emit for a text log: a short write is a full disk; EBADF, a descriptor the
    program closed; any other failure breaks the log, said once. */
 static int log_write(Hook *self, PyObject *log, const char *text, size_t size) {
-    long fd = long_attr(log, s_fd);
-    if (fd == -1 && PyErr_Occurred()) {
-        return -1;
-    }
-    Py_ssize_t written = write_once((int)fd, text, size);
+    Py_ssize_t written = write_to(log, text, size);
     if (written == -2) {
         return -1;
     }
