@@ -112,3 +112,12 @@ def blocks_all_signals(pid: int, tid: int) -> bool:
             wanted = ((1 << 64) - 1) & ~((1 << 8) | (1 << 18) | (1 << 31) | (1 << 32))
             return mask & wanted == wanted
     return False
+
+
+def net_rows(where: str, table: str) -> list[list[str]] | None:
+    """The rows of /proc/WHERE/net/TABLE (tcp, udp6, unix, ...) split into fields, without the header
+    line; None when it cannot be read. WHERE: a pid, or "self"."""
+    data = read_file(f"/proc/{where}/net/{table}", 1 << 24)
+    if data is None:
+        return None
+    return [line.split() for line in data.decode("utf-8", "replace").splitlines()[1:]]

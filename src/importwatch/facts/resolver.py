@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 
+from importwatch.facts import procstat
+
 RESOLV_CONF = "/etc/resolv.conf"
 DNS_PORT = 53
 
@@ -77,13 +79,7 @@ def queried(pid: int | None = None) -> list[str]:
         return []
     found = []
     for table in ("udp", "udp6"):
-        try:
-            with open(f"/proc/{where}/net/{table}", "rb") as file:
-                lines = file.read(1 << 24).decode("ascii", "replace").splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            fields = line.split()
+        for fields in procstat.net_rows(where, table) or ():
             if len(fields) > 9 and fields[9] in inodes:
                 host, _, port = fields[2].partition(":")
                 if port and int(port, 16) == DNS_PORT:

@@ -15,6 +15,8 @@ from __future__ import annotations
 import builtins
 import os
 
+from importwatch.facts import procstat
+
 # Locals that hold the address a connection was tried to, best first.
 _ADDRESS_NAMES = ("sa", "address", "addr", "sockaddr")
 # Else a host and a port apart, as a retry loop's own function may take them.
@@ -100,14 +102,11 @@ def listening(port: int, pid: int | None = None) -> bool | None:
     where = "self" if pid is None else str(pid)
     known = False
     for table in ("tcp", "tcp6"):
-        try:
-            with open(f"/proc/{where}/net/{table}", "rb") as file:
-                lines = file.read(1 << 24).decode("ascii", "replace").splitlines()[1:]
-        except OSError:
+        rows = procstat.net_rows(where, table)
+        if rows is None:
             continue
         known = True
-        for line in lines:
-            fields = line.split()
+        for fields in rows:
             if len(fields) > 3 and fields[3] == _LISTEN and int(fields[1].rpartition(":")[2], 16) == port:
                 return True
     return False if known else None

@@ -13,7 +13,7 @@ import os
 import socket
 import struct
 
-from importwatch.facts import resolver
+from importwatch.facts import procstat, resolver
 from importwatch.facts.gil import mutex_words
 from importwatch.facts.process import ThreadSample, blocks_all_signals, command_of, read_file, read_memory
 
@@ -193,9 +193,7 @@ def describe_socket(pid: int, inode: int) -> str:
     """A socket by inode: TCP/UDP local and peer addresses and state, or a unix socket's path."""
     wanted = str(inode)
     for table in ("tcp", "tcp6", "udp", "udp6"):
-        data = _read(f"/proc/{pid}/net/{table}", 1 << 24) or b""
-        for line in data.decode("ascii", "replace").splitlines()[1:]:
-            fields = line.split()
+        for fields in procstat.net_rows(str(pid), table) or ():
             if len(fields) > 9 and fields[9] == wanted:
                 local, peer, state = _address(fields[1]), _address(fields[2]), fields[3]
                 kind = table.rstrip("6").upper()
@@ -205,9 +203,7 @@ def describe_socket(pid: int, inode: int) -> str:
                 if kind == "UDP" and resolver.is_dns_peer(peer):
                     words = "(" + resolver.lookup(None, resolver.server_of(peer), None, pid) + ")"
                 return f"a {kind} socket {local} -> {peer} {words}".rstrip()
-    data = _read(f"/proc/{pid}/net/unix", 1 << 24) or b""
-    for line in data.decode("utf-8", "replace").splitlines()[1:]:
-        fields = line.split()
+    for fields in procstat.net_rows(str(pid), "unix") or ():
         if len(fields) > 6 and fields[6] == wanted:
             return f"a unix socket {fields[7]}" if len(fields) > 7 else "a unix socket"
     return f"a socket (socket:[{inode}])"
