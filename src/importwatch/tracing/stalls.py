@@ -260,7 +260,8 @@ class Retries:
     def __init__(self, import_own: Callable) -> None:
         # Loaded now, at start-up, never at a stall: a thread stalled in a finder holds the import
         # lock, and an import made by the heartbeat would wait for it for ever (lone_wait's too).
-        self.retry = import_own("importwatch.facts.retry")
+        # (Without sys._current_exceptions, 3.9, no look can see a refusal: retry.py is not needed.)
+        self.retry = import_own("importwatch.facts.retry") if hasattr(sys, "_current_exceptions") else None
         import_own("importwatch.facts.pools")
         import_own("importwatch.facts.resolver")
         # ident: (the args of the refusal last seen, how many were seen, the address tried)
