@@ -18,8 +18,6 @@ from importwatch.facts import procstat
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Collection
-
     from importwatch.facts.process import CodeRanges, ThreadSample
 
 # Thread-pool runtimes by the stem of their library's file name, and how to name them.
@@ -35,12 +33,13 @@ FIX = (
 )
 
 
-def pool_runtime(pid: int, sample: ThreadSample, code: CodeRanges) -> str | None:
-    """The pool runtime's library whose code thread SAMPLE (of PID) waits in, on a futex; None when not so."""
+def orphaned_wait(pid: int, sample: ThreadSample, code: CodeRanges) -> str | None:
+    """The pool runtime's library when thread SAMPLE (of PID) waits on a futex in its code and no other
+    thread of PID could wake it (procstat.has_waker); None when not so."""
     from importwatch.facts import process
 
     call = sample.syscall
-    if call is None or FUTEX is None or call[0] != FUTEX:
+    if call is None or FUTEX is None or call[0] != FUTEX or procstat.has_waker(pid, sample.tid):
         return None
     library = code.library_at(call[-1])
     if library is not None and is_runtime(library):
@@ -50,23 +49,18 @@ def pool_runtime(pid: int, sample: ThreadSample, code: CodeRanges) -> str | None
     return next((path for path in on_stack if is_runtime(path)), None)
 
 
-def own_pool_wait(tid: int, own: Collection[int]) -> str | None:
-    """In this process: the runtime's library when thread TID waits on a futex in its code and no other
-    thread could wake it (every other one is ours or faulthandler's: they block all signals); else None.
+def own_orphaned_wait(tid: int) -> str | None:
+    """orphaned_wait for thread TID of this process, read from /proc/self with os alone.
 
     Only the syscall's program counter is read (no stack walk): a runtime that waits through libc
     is told by the watcher and inspect, which look at the stack from outside.
     """
     words = (procstat.read_file(f"/proc/self/task/{tid}/syscall") or b"").split()
     try:
-        if FUTEX is None or len(words) < 2 or int(words[0]) != FUTEX:
+        if FUTEX is None or len(words) < 2 or int(words[0]) != FUTEX or procstat.has_waker("self", tid):
             return None
         pc = int(words[-1], 16)
-        pid = os.getpid()
-        for other in os.listdir("/proc/self/task"):
-            if int(other) not in (tid, *own) and not procstat.blocks_all_signals(pid, int(other)):
-                return None
-    except (OSError, ValueError):
+    except ValueError:
         return None
     library = _own_library_at(pc)
     return library if library is not None and is_runtime(library) else None

@@ -22,7 +22,6 @@ from importwatch.masking import mask_argv
 from importwatch.signame import signal_name
 
 __all__ = [
-    "blocks_all_signals",
     "read_file",
     "tracer_pid",
 ]  # the readers' own, kept here for who reads a process

@@ -99,7 +99,7 @@ def tracer_pid(pid: int | str = "self") -> int:
     return 0
 
 
-def blocks_all_signals(pid: int, tid: int) -> bool:
+def blocks_all_signals(pid: int | str, tid: int) -> bool:
     """True when thread TID blocks every signal it can (faulthandler's timer thread does, and ours)."""
     status = read_file(f"/proc/{pid}/task/{tid}/status") or b""
     for line in status.splitlines():
@@ -121,3 +121,13 @@ def net_rows(where: str, table: str) -> list[list[str]] | None:
     if data is None:
         return None
     return [line.split() for line in data.decode("utf-8", "replace").splitlines()[1:]]
+
+
+def has_waker(pid: int | str, tid: int) -> bool:
+    """Whether PID ("self" too) has a thread besides TID that could wake it. faulthandler's timer and
+    importwatch's own threads block every signal and wake no one; when /proc cannot tell, True."""
+    try:
+        tids = [int(name) for name in os.listdir(f"/proc/{pid}/task")]
+    except (OSError, ValueError):
+        return True
+    return any(other != tid and not blocks_all_signals(pid, other) for other in tids)

@@ -15,7 +15,7 @@ import struct
 
 from importwatch.facts import procstat, resolver
 from importwatch.facts.gil import mutex_words
-from importwatch.facts.process import ThreadSample, blocks_all_signals, command_of, read_file, read_memory
+from importwatch.facts.process import ThreadSample, command_of, read_file, read_memory
 
 _read = read_file
 
@@ -90,7 +90,7 @@ def waits_on(pid: int, sample: ThreadSample) -> str | None:
             return f"in {name} on {described}"
         return f"in {name}"
     if name == "futex":
-        if not _other_threads(pid, sample.tid):
+        if not procstat.has_waker(pid, sample.tid):
             return f"in futex, {ALONE}"
         held = mutex_words(pid, sample)
         return f"in futex: {held or 'waiting for a lock or a condition held by another thread'}"
@@ -107,16 +107,6 @@ def waits_on(pid: int, sample: ThreadSample) -> str | None:
 
 # A futex wait that no thread of the process can end: the process has no other thread (that could).
 ALONE = "with no other thread in this process to wake it: a lock or a pool inherited across fork()"
-
-
-def _other_threads(pid: int, tid: int) -> bool:
-    """Whether PID has a thread besides TID that could wake it: faulthandler's timer and importwatch's
-    own threads block every signal and wake no one (when /proc cannot be read: assume so)."""
-    try:
-        tids = [int(name) for name in os.listdir(f"/proc/{pid}/task")]
-    except (OSError, ValueError):
-        return True
-    return any(other != tid and not blocks_all_signals(pid, other) for other in tids)
 
 
 def _waits_on_without_syscall(pid: int, sample: ThreadSample) -> str | None:

@@ -554,10 +554,6 @@ class Sink:
         """The idents of our own threads that named themselves (name_thread)."""
         return list(self._own_threads)
 
-    def own_tids(self) -> list[int]:
-        """Their kernel thread ids."""
-        return list(self._own_tids.values())
-
     def thread_name(self, ident: int) -> str:
         """The threading name of a thread, or its native id; no spaces, so lines stay parseable."""
         if ident == self.main_thread:

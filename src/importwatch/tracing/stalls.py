@@ -231,17 +231,13 @@ def lookups(chains: dict[int, list[TracedStep]], now: float, thread_name: Callab
 
 
 def lone_wait(
-    tracer: Tracer, culprit: int, thread_name: Callable[[int], str], own: list[int], parent: int | None
+    tracer: Tracer, culprit: int, thread_name: Callable[[int], str], parent: int | None
 ) -> list[str]:
     """One line when the stalled thread is the program's only one and waits on a futex in an OpenMP
     runtime's code: the pool it waits for has no threads in this process (facts/pools.py)."""
     tid = tracer.native_ids.get(culprit)
-    if tid is None:
-        return []
     pools = sys.modules.get("importwatch.facts.pools")  # loaded at start-up (see Retries)
-    if pools is None:
-        return []
-    library = pools.own_pool_wait(tid, own)
+    library = None if tid is None or pools is None else pools.own_orphaned_wait(tid)
     return [] if library is None else [f"{thread_name(culprit)}: {pools.orphaned_pool(library, parent)}"]
 
 

@@ -401,7 +401,7 @@ class Watchdog:
             context = [*ending.values(), *stalls.deadlocks(waits, thread_name)]
             context += reporting.context(chains[culprit], now)
             context += stalls.lookups(chains, now, thread_name)
-            context += stalls.lone_wait(self.tracer, culprit, thread_name, sink.own_tids(), self.forked_from)
+            context += stalls.lone_wait(self.tracer, culprit, thread_name, self.forked_from)
             context += self._retries.lines(thread_name)
             order = [culprit, *(ident for ident in chains if ident != culprit)]
             ours = {_thread.get_ident(), *sink.own_threads()}

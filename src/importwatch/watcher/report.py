@@ -212,7 +212,7 @@ class Composing:
             if overall == process.GONE:
                 overall = process.WAITING
         code = process.CodeRanges(pid)
-        lone = self._lone_wait(current, culprit, code)
+        lone = self._lone_wait(culprit, code)
         in_load = any(step.kind == "native" for step in chains[culprit_name])
         crossing = None if stopped else gil.crossing(pid, current, culprit.tid, native or {}, in_load)
         detail = self._thread_lines(current, verdicts, chains, code, crossing, lone)
@@ -306,22 +306,14 @@ class Composing:
             return TIMER_THREAD
         return None
 
-    def _lone_wait(
-        self, current: dict[int, ThreadSample], culprit: ThreadSample, code: process.CodeRanges
-    ) -> tuple[int, str, str] | None:
-        """When the culprit is the program's only thread and waits on a futex in an OpenMP runtime, whose
-        pool has no threads here: (its tid, the headline's words, its thread line's words); else None."""
+    def _lone_wait(self, culprit: ThreadSample, code: process.CodeRanges) -> tuple[int, str, str] | None:
+        """When the culprit waits on a futex in an OpenMP runtime and no thread here could wake it (the
+        pool's threads stayed in a parent): (its tid, the headline's words, its thread line's words)."""
         from importwatch.facts import pools
 
-        names = {tid: name for name, tid in self.tids.items()}
-        program = [
-            tid for tid, sample in current.items() if not self._ours(tid, names.get(tid), sample, code)
-        ]
-        if program != [culprit.tid] or culprit.syscall is None or culprit.syscall[0] != pools.FUTEX:
-            return None
-        library = pools.pool_runtime(self.pid, culprit, code)
+        library = pools.orphaned_wait(self.pid, culprit, code)
         if library is None:
-            return None  # waits_on says when no thread here can wake it
+            return None  # waits_on says when no thread here can wake a futex wait
         told = pools.orphaned_pool(library, self.parent)
         return culprit.tid, told, f"in futex, in {os.path.basename(library)}: its pool has no threads here"
 

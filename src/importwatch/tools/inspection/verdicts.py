@@ -53,20 +53,19 @@ def pool_problem(
     of a parent that ran a parallel region): one line, the first, since it is the whole answer."""
     from importwatch.facts import pools
 
-    # faulthandler's timer (and importwatch's own threads, in a traced process) block every signal:
-    # none of them is a pool's worker.
-    program = [tid for tid in samples if not process.blocks_all_signals(pid, tid)]
-    if len(program) != 1:
+    for sample in samples.values():
+        library = pools.orphaned_wait(pid, sample, code)
+        if library is not None:
+            break
+    else:
         return []
-    library = pools.pool_runtime(pid, samples[program[0]], code)
-    if library is None:
-        return []
+    tid = sample.tid
     stat = process.process_stat(pid)
     parent = stat.ppid if stat is not None else None
     # Forked, not started: the parent runs the same program and has the runtime mapped.
     parent_maps = process.read_file(f"/proc/{parent}/maps", 1 << 26) if parent else None
     forked = parent_maps is not None and library.encode() in parent_maps and _exe(parent) == exe
-    thread = next((t for t in threads if t["tid"] == program[0]), {"name": "thread", "tid": program[0]})
+    thread = next((t for t in threads if t["tid"] == tid), {"name": "thread", "tid": tid})
     return [
         f"{thread['name']} (tid {thread['tid']}) {pools.orphaned_pool(library, parent if forked else None)}"
     ]
