@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -328,7 +329,10 @@ def test_stderr_stalls_lets_a_parent_that_never_reads_the_pipe_wait_for_its_chil
 
 
 # -- the program's partial line -------------------------------------------------------------------
-def test_an_event_line_never_follows_the_program_s_unfinished_line(tmp_path: Path) -> None:
+@pytest.mark.parametrize("unbuffered", ["1", ""], ids=["PYTHONUNBUFFERED=1", "line-buffered"])
+def test_an_event_line_never_follows_the_program_s_unfinished_line(tmp_path: Path, unbuffered: str) -> None:
+    """A line the program left unended on stderr gets its end before ours; one still held in a line-buffered
+    sys.stderr has reached nothing, so our lines come first, whole, and no empty line is added."""
     code = (
         "import sys\n"
         "sys.stderr.write('Loading model... ')\n"
@@ -338,15 +342,20 @@ def test_an_event_line_never_follows_the_program_s_unfinished_line(tmp_path: Pat
         "import json\n"
         "sys.stderr.write('ok\\n')\n"
     )
-    runs = three_ways(["-c", code], tmp_path)
+    runs = three_ways(["-c", code], tmp_path, PYTHONUNBUFFERED=unbuffered)
     assert runs["plain"].stderr == "Loading model... done\nnext ok\n"
     for name in ("runner", "IMPORTWATCH=1"):
         stderr = runs[name].stderr
-        assert "Loading model... \n[importwatch " in stderr and "next \n[importwatch " in stderr, stderr
+        if unbuffered:
+            assert "Loading model... \n[importwatch " in stderr, stderr
+            assert _ours_removed(stderr) == "Loading model... \ndone\nnext \nok\n"
+        else:  # 'Loading model... ' waits in the stream for its line's end, past the colorsys lines
+            assert re.search(r"< colorsys [0-9.]+ ms\nLoading model\.\.\. done\n", stderr), stderr
+            assert _ours_removed(stderr) == "Loading model... done\nnext \nok\n"
+        assert "next \n[importwatch " in stderr, stderr  # flushed unended: ours starts on a line of its own
+        assert "\n\n" not in stderr, stderr
         for line in stderr.splitlines():
             assert "[importwatch " not in line or line.startswith("[importwatch "), line
-        program = _ours_removed(stderr)
-        assert program == "Loading model... \ndone\nnext \nok\n"
 
 
 # -- descriptors the program closes and reuses ------------------------------------------------------

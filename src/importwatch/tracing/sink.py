@@ -256,7 +256,7 @@ class Sink:
         self._null: Channel | None = None  # /dev/null, for faulthandler's timer (see timer_fd)
         # The program's last write to sys.stderr did not end its line: ours starts a new one.
         self.partial = False
-        self._stderr_write: tuple[object, object] | None = None  # (stream, our write) while installed
+        self._stderr_write: tuple[object, object, object] | None = None  # (stream, our write, flush) while installed
         self.on_log_lost: Callable[[], None] | None = None
         self.after_fork_in_child()
 
@@ -307,41 +307,58 @@ class Sink:
         return self._loud is None or self._loud[kind]
 
     def follow_partial_lines(self) -> None:
-        """Note whether each of the program's writes to sys.stderr ends its line.
+        """Note whether the program's output on stderr ends its line, as it reaches the descriptor.
 
-        When one did not (`Loading model... `), our next line on stderr starts with
-        a newline, rather than being glued to the program's. The cost is the
-        program's: one call and one comparison more per write to sys.stderr.
+        When it did not (`Loading model... `), our next line on stderr starts with
+        a newline, rather than being glued to the program's. A line-buffered
+        sys.stderr (python's own, unless -u or PYTHONUNBUFFERED) holds a line without
+        its end until a newline or a flush: then nothing reached the descriptor yet,
+        and our lines come first, each whole. The cost is the program's: one call
+        and a comparison or two more per write to sys.stderr (and per flush).
         """
         stream = sys.stderr
         if self._stderr_write is not None or not self.stderr_is_fd2 or stream is None:
             return
         try:
-            if stream.fileno() != _STDERR or "write" in vars(stream):
+            if stream.fileno() != _STDERR or "write" in vars(stream) or "flush" in vars(stream):
                 return
+            through = bool(stream.write_through)  # every write reaches the descriptor at once
+            by_line = bool(stream.line_buffering)
         except (AttributeError, OSError, ValueError, TypeError):
             return  # not a file on fd 2, or no instance dict to hold our write
-        original = stream.write
+        original_write, original_flush = stream.write, stream.flush
         sink = self
+        held = [False]  # whether what the stream holds, once out, leaves a line unended
 
         def write(text: str) -> int:
-            written = original(text)
+            written = original_write(text)
             if text:
-                sink.partial = text[-1] != "\n"
+                held[0] = text[-1] != "\n"
+                if through or (by_line and ("\n" in text or "\r" in text)):
+                    sink.partial = held[0]
             return written
+
+        def flush() -> None:
+            original_flush()
+            sink.partial = held[0]
 
         try:
             stream.write = write
+            if not through:
+                stream.flush = flush
         except (AttributeError, TypeError):
+            vars(stream).pop("write", None)
             return
-        self._stderr_write = (stream, write)
+        self._stderr_write = (stream, write, flush)
 
     def unfollow_partial_lines(self) -> None:
         if self._stderr_write is not None:
-            stream, write = self._stderr_write
+            stream, write, flush = self._stderr_write
             self._stderr_write = None
             if vars(stream).get("write") is write:
                 del stream.write
+            if vars(stream).get("flush") is flush:
+                del stream.flush
 
     def check_descriptors(self) -> None:
         """Stop writing to a descriptor of ours that the program closed or put something else at.
