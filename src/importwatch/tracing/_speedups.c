@@ -33,7 +33,7 @@
 static PyObject *s_import, *s_import_end, *s_structured, *s_progress_due, *s_on_progress, *s_on_deadline,
     *s_check_descriptors, *s_safely, *s_internal_error, *s_event, *s_name, *s_parent, *s_ms, *s_error,
     *s_writing_a_line, *s_dunder_name, *s_progress, *s_loud, *s_log, *s_feed, *s_stderr, *s_partial,
-    *s_main_thread, *s_msec, *s_prefix, *s_now, *s_set_stamp, *s_json, *s_broken, *s_closed, *s_lost, *s_fd,
+    *s_main_thread, *s_msec, *s_prefix, *s_now, *s_set_stamp, *s_json, *s_broken, *s_closed, *s_ring, *s_mapping, *s_fd,
     *s_stderr_again, *s_log_lost, *s_warn;
 
 static const struct {
@@ -48,7 +48,7 @@ static const struct {
     {&s_loud, "_loud"}, {&s_log, "log"}, {&s_feed, "feed"}, {&s_stderr, "stderr"}, {&s_partial, "partial"},
     {&s_main_thread, "main_thread"}, {&s_msec, "_msec"}, {&s_prefix, "_prefix"}, {&s_now, "_now"},
     {&s_set_stamp, "_set_stamp"}, {&s_json, "json"}, {&s_broken, "broken"}, {&s_closed, "closed"},
-    {&s_lost, "lost"}, {&s_fd, "fd"}, {&s_stderr_again, "_stderr_again"}, {&s_log_lost, "_log_lost"},
+    {&s_ring, "ring"}, {&s_mapping, "mapping"}, {&s_fd, "fd"}, {&s_stderr_again, "_stderr_again"}, {&s_log_lost, "_log_lost"},
     {&s_warn, "warn"},
 };
 
@@ -74,6 +74,7 @@ typedef struct {
 } Hook;
 
 #include "_speedups_lines.h" /* the import's error kept, the lines' text, new steps */
+#include "_speedups_ring.h" /* the watcher's feed: its shared memory, and ring_put */
 #include "_speedups_emit.h" /* fast_emit: the lines, written as Sink.emit would */
 
 /* -- the hook -------------------------------------------------------------------------------- */
@@ -528,6 +529,8 @@ static PyMethodDef methods[] = {
     {"find_and_load", make_hook, METH_VARARGS,
      "find_and_load(original, tracer, sink, emit, clock, step_type, escape): importlib's ORIGINAL "
      "_find_and_load, traced for TRACER as Tracer._make_find_and_load's closure does, with no frame."},
+    {"shared_memory", shared_memory, METH_VARARGS,
+     "shared_memory(fd, size): SIZE bytes of FD mapped shared and writable, as a buffer (ring.create)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -542,7 +545,7 @@ PyMODINIT_FUNC PyInit__speedups(void) {
             return NULL;
         }
     }
-    if (PyType_Ready(&HookType) < 0) {
+    if (PyType_Ready(&HookType) < 0 || PyType_Ready(&SharedMemoryType) < 0) {
         return NULL;
     }
     return PyModule_Create(&module_def);

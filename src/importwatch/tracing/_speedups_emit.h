@@ -104,25 +104,6 @@ static int stderr_write(Hook *self, PyObject *stderr_channel, const char *text, 
     return channel_write(stderr_channel, text, size); /* breaks the channel itself on failure */
 }
 
-/* The feed part of Sink.emit (Feed.send, nothing lost before): EAGAIN loses the line, counted; another
-   failure closes the feed. */
-static int feed_write(PyObject *feed, const char *text, size_t size) {
-    Py_ssize_t written = write_to(feed, text, size);
-    if (written == -2) {
-        return -1;
-    }
-    if (written >= 0) {
-        return 0;
-    }
-    if (errno == EAGAIN || errno == EWOULDBLOCK) {
-        PyObject *one = PyLong_FromLong(1);
-        int result = one == NULL ? -1 : PyObject_SetAttr(feed, s_lost, one);
-        Py_XDECREF(one);
-        return result;
-    }
-    return set_true(feed, s_closed);
-}
-
 /* The log part of Sink.emit for a text log: a short write is a full disk; EBADF, a descriptor the
    program closed; any other failure breaks the log, said once. */
 static int log_write(Hook *self, PyObject *log, const char *text, size_t size) {
@@ -153,7 +134,7 @@ static int log_write(Hook *self, PyObject *log, const char *text, size_t size) {
 
 /* Sink.emit(KIND, BODY) for one of the hook's lines, BODY being DEPTH indents, MARK, SHOWN and TAIL,
    formatted and written here when the case is the common one: the main thread, a text log or none, the
-   watcher's feed with nothing lost, the program's last stderr line ended. 1: written (or nowhere to go);
+   program's last stderr line ended; the watcher's feed gets it in its ring (_speedups_ring.h). 1: written (or nowhere to go);
    0: not the common case, nothing done (Sink.emit does it); -1: an exception, as emit would raise. */
 static int fast_emit(Hook *self, PyObject *kind, Py_ssize_t depth, const char *mark, PyObject *shown,
                      const char *tail) {
@@ -204,12 +185,7 @@ static int fast_emit(Hook *self, PyObject *kind, Py_ssize_t depth, const char *m
     }
     if (feed != Py_None) {
         int closed = true_attr(feed, s_closed);
-        long lost = closed ? 0 : long_attr(feed, s_lost);
-        if (closed < 0 || (lost == -1 && PyErr_Occurred())) {
-            goto done;
-        }
-        if (lost) {
-            result = 0; /* a `#lost N` line goes first */
+        if (closed < 0) {
             goto done;
         }
         feed_on = !closed;
@@ -262,7 +238,7 @@ static int fast_emit(Hook *self, PyObject *kind, Py_ssize_t depth, const char *m
     size_t prefix_size = PyUnicode_Check(value) && PyUnicode_IS_ASCII(value) ? (size_t)PyUnicode_GET_LENGTH(value) : 0;
     size_t shown_size = (size_t)PyUnicode_GET_LENGTH(shown), tail_size = tail ? strlen(tail) : 0;
     size_t size = prefix_size + 2 * (size_t)depth + 2 + shown_size + tail_size + 1;
-    if (prefix_size == 0 || (feed_on && size > 4096)) {
+    if (prefix_size == 0 || (feed_on && size > FEED_LONGEST)) {
         result = 0; /* the feed cuts a long line: Feed.send's */
         goto done;
     }
@@ -284,7 +260,7 @@ static int fast_emit(Hook *self, PyObject *kind, Py_ssize_t depth, const char *m
     }
     *out = '\n';
     if ((stderr_on && stderr_write(self, stderr_channel, text, size) < 0) ||
-        (feed_on && feed_write(feed, text, size) < 0) || (log_on && log_write(self, log, text, size) < 0)) {
+        (feed_on && ring_put(feed, text, size) < 0) || (log_on && log_write(self, log, text, size) < 0)) {
         goto done;
     }
     result = 1;

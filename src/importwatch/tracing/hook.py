@@ -70,6 +70,7 @@ def _accelerator() -> tuple[Any, str]:
 
 
 _speedups, HOT_PATH = _accelerator()
+ACCELERATOR = _speedups  # for the other users of the C module (ring.create maps the watcher's feed with it)
 
 
 class TracedStep:

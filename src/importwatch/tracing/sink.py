@@ -1,5 +1,5 @@
 """The sink: writes each event, rendered by the event model (importwatch.events) as one ASCII line of text or JSON,
-flushed, to stderr, the log file and the watcher's feed."""
+flushed, to stderr, the log file and the watcher's feed (a ring in shared memory)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,14 @@ import time
 
 from importwatch import safefile
 from importwatch.events import BUSY, DIED, EXIT, RESUMED, VERDICT, WARNING, escape, json_line, render
+from importwatch.tracing.descriptors import close_if_ours, high_descriptor, identity
+from importwatch.tracing.ring import Feed
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Callable
+
+    from importwatch.tracing.ring import Ring
 
 
 class Clocks:
@@ -43,10 +47,6 @@ _get_ident = _thread.get_ident
 
 PREFIX = "importwatch"
 _STDERR = 2
-# Our own descriptors are moved just below this number (or the process's limit, if lower): a
-# program that closes a range of descriptors and then opens files gets the lowest free numbers,
-# so it can come to reuse ours only by holding about a thousand at once (or by dup2 onto them).
-_HIGH_FD = 1024
 
 # The kinds of event that --stderr stalls still writes to stderr (besides stall* and outside*): a
 # stall, a verdict, a death, our own failure. Not the start and env lines: until there is something
@@ -61,50 +61,6 @@ def rank_from_env(environ: dict[str, str] | os._Environ[str] = os.environ) -> in
         if value.isascii() and value.isdigit():
             return int(value)
     return None
-
-
-def high_descriptor(fd: int) -> int:
-    """FD moved to a free number just below _HIGH_FD, close-on-exec; FD itself when none is free.
-
-    os.dup2 onto a number found free, not fcntl's F_DUPFD: importing fcntl here would
-    hide the program's own `import fcntl` from the log.
-    """
-    try:
-        top = min(os.sysconf("SC_OPEN_MAX"), _HIGH_FD) - 1
-    except (OSError, ValueError):
-        return fd
-    for number in range(top, max(fd, top - 64), -1):
-        try:
-            os.fstat(number)
-            continue  # in use
-        except OSError as error:
-            if error.errno != errno.EBADF:
-                continue
-        try:
-            os.dup2(fd, number, inheritable=False)
-        except OSError:
-            return fd
-        os.close(fd)
-        return number
-    return fd
-
-
-def identity(fd: int) -> tuple[int, int] | None:
-    """What descriptor FD refers to (device and inode), or None when it is closed."""
-    try:
-        stat = os.fstat(fd)
-    except OSError:
-        return None
-    return stat.st_dev, stat.st_ino
-
-
-def close_if_ours(fd: int, ident: tuple[int, int] | None) -> None:
-    """Close FD unless the program has put something else at its number (then it is the program's)."""
-    if ident is not None and identity(fd) == ident:
-        try:
-            os.close(fd)
-        except OSError:
-            pass
 
 
 def own_stderr(fd: int) -> Channel:
@@ -169,60 +125,6 @@ class Channel:
         return None
 
 
-class Feed:
-    """The watcher's copy of every text line: a non-blocking pipe that drops lines rather than wait.
-
-    A full pipe (a slow or dead watcher) costs the line, counted and announced
-    later as `#lost N`; never a warning, never a wait. Lines starting with "#" are
-    for the watcher only: `#thread NAME TID`, `#lost N`, `#exit`.
-    """
-
-    __slots__ = ("closed", "fd", "ident", "keep", "lost", "threads")
-
-    def __init__(self, fd: int, keep: int) -> None:
-        self.fd = high_descriptor(fd)
-        self.keep = high_descriptor(keep)  # the read end, so that a dead watcher never means EPIPE or SIGPIPE
-        self.ident = identity(self.fd)  # both ends of the pipe are one inode
-        self.lost = 0
-        self.closed = False  # closed under us: the program closed it, and may reuse its number
-        self.threads: set[int] = set()
-
-    def send(self, data: bytes) -> None:
-        if self.closed:
-            return
-        if self.lost and not self._put(b"#lost %d\n" % self.lost):
-            self.lost += 1
-            return
-        self.lost = 0
-        if len(data) > 4096:  # only writes up to PIPE_BUF are atomic: never half a line
-            data = data[:4095] + b"\n"
-        if not self._put(data):
-            self.lost += 1
-
-    def announce(self, ident: int, name: str, tid: int | None = None) -> None:
-        """Tell the watcher which kernel thread id (TID, this thread's by default) a thread name stands
-        for (once per thread)."""
-        self.threads.add(ident)
-        tid = _thread.get_native_id() if tid is None else tid
-        self._put(f"#thread {name} {tid}\n".encode("ascii"))
-
-    def _put(self, data: bytes) -> bool:
-        if self.closed:
-            return True
-        try:
-            os.write(self.fd, data)
-        except BlockingIOError:
-            return False
-        except OSError:
-            self.closed = True  # the program closed it (a range of fds): never write to that number again
-            return True
-        return True
-
-    def close(self) -> None:
-        for fd in (self.fd, self.keep):
-            close_if_ours(fd, self.ident)
-
-
 class Sink:
     """Writes one line per event, prefixed with pid, time and thread, to every open channel.
 
@@ -256,7 +158,8 @@ class Sink:
         self._null: Channel | None = None  # /dev/null, for faulthandler's timer (see timer_fd)
         # The program's last write to sys.stderr did not end its line: ours starts a new one.
         self.partial = False
-        self._stderr_write: tuple[object, object, object] | None = None  # (stream, our write, flush) while installed
+        # (stream, our write, our flush) while installed
+        self._stderr_write: tuple[object, object, object] | None = None
         self.on_log_lost: Callable[[], None] | None = None
         self.after_fork_in_child()
 
@@ -379,7 +282,7 @@ class Sink:
             self._log_lost(log)
         feed = self.feed
         if feed is not None and not feed.closed and identity(feed.fd) != feed.ident:
-            feed.closed = True  # (the read end is never written, and closed only while still ours)
+            feed.closed = True  # the pipe's end told the watcher we were gone: nobody reads the ring now
 
     def _log_lost(self, log: Channel) -> None:
         if log.broken and log.ident is None:
@@ -393,10 +296,10 @@ class Sink:
         if self.on_log_lost is not None:
             self.on_log_lost()
 
-    def attach_feed(self, fd: int, keep: int) -> None:
-        """From now on every text line also goes to the watcher's pipe FD (see Feed)."""
+    def attach_feed(self, fd: int, keep: int, ring: Ring) -> None:
+        """From now on every text line also goes to the watcher's RING; the pipe FD tells it of the end (see Feed)."""
         self.close_feed()
-        self.feed = Feed(fd, keep)
+        self.feed = Feed(fd, keep, ring)
         for ident, name in self._own_threads.items():  # named before there was a watcher (a fork child's)
             self.feed.announce(ident, name, self._own_tids[ident])
 

@@ -4,10 +4,13 @@ The watcher itself (watcher/loop.py) follows the traced process's lines and repo
 death from outside.
 
 How it is started (launch(), in the traced process, at activation):
-- a pipe carries every text line the sink writes (sink.Feed); its write end is
-  non-blocking, so a slow or dead watcher costs lines, never time. The traced
-  process also keeps the read end open: if the watcher dies, writes fill the pipe
-  and are dropped, and never raise SIGPIPE in a program that set SIGPIPE to SIG_DFL;
+- every text line the sink writes is appended to a ring in shared memory (sink.Feed,
+  tracing/ring.py), which the watcher reads when it looks: no system call per line,
+  and a slow or dead watcher costs nothing. The memfd is the watcher's to inherit; the
+  program keeps only its mapping;
+- a pipe tells the watcher of the end: nothing is written to it, and the watcher sees
+  its end when the program exits or execs (the write end is close-on-exec). The traced
+  process keeps both ends; the lock on it is what hush takes;
 - the watcher is double-forked (fork; the child forks the watcher and leaves at once): it
   is never the program's child, so the program's own os.wait() never sees it and it
   never becomes the program's zombie. It runs `python -I -S`, in its own session,
@@ -43,7 +46,6 @@ if TYPE_CHECKING:
 # How long the program's exit waits for the watcher to finish the lines it is writing.
 HUSH_WAIT = 1.0
 _HUSH_TRY = 0.002
-_PIPE_SIZE = 1 << 20
 # The folder importwatch is imported from: the watcher runs with -I -S, so it is put on its path.
 _PACKAGE_ROOT = os.path.dirname(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -59,7 +61,19 @@ def launch(sink: Sink, settings: Settings) -> str | None:
     refused = _refused(executable)
     if refused:
         return refused
-    read_fd, write_fd = _pipe()
+    from importwatch.tracing import hook, ring
+
+    try:
+        ring_fd, feed_ring = ring.create(hook.ACCELERATOR)
+    except (AttributeError, OSError) as error:  # no memfd_create (Linux < 3.17), or no memory
+        return f"no shared memory for its feed ({getattr(error, 'strerror', None) or error})"
+    try:
+        read_fd, write_fd = _pipe()
+        ring_fd = _above_stdio(ring_fd)
+    except OSError:
+        os.close(ring_fd)
+        feed_ring.close()
+        raise
     pid = os.getpid()
     start = _start_time(pid)
     # -B: the watcher writes no .pyc (into an editable install's source tree, say): a program run
@@ -76,6 +90,8 @@ def launch(sink: Sink, settings: Settings) -> str | None:
         str(pid),
         "--feed",
         str(read_fd),
+        "--ring",
+        str(ring_fd),
     ]
     argv += ["--start", str(start)]
     # The watcher writes to the descriptor the program opened, never re-opens the path: in a shared
@@ -89,7 +105,8 @@ def launch(sink: Sink, settings: Settings) -> str | None:
     stderr = sink.stderr.fd  # the pytest plugin writes to a copy of stderr taken before capture
     # The watcher-to-be waits for a go on GO.
     go_read, go_write = os.pipe()
-    watcher = _double_fork(executable, argv, env, stderr, (go_read, go_write), (read_fd, log_fd))
+    watcher = _double_fork(executable, argv, env, stderr, (go_read, go_write), (read_fd, ring_fd, log_fd))
+    os.close(ring_fd)  # the watcher-to-be holds its own; the program, only the mapping
     # Orphaned by the intermediate child, the watcher goes to the nearest child subreaper: if that
     # is this process (PR_SET_CHILD_SUBREAPER survives exec), it is our child and must not run.
     adopted = watcher > 0 and _is_child(watcher)
@@ -99,12 +116,13 @@ def launch(sink: Sink, settings: Settings) -> str | None:
             os.waitpid(watcher, 0)  # reaped here: the program's os.wait() never sees it
         os.close(read_fd)
         os.close(write_fd)
+        feed_ring.close()
         if adopted:
             return "this process is a child subreaper, so the watcher would be its child (its os.wait() would see it)"
         return "it could not be spawned"
     os.write(go_write, b"1")
     os.close(go_write)
-    sink.attach_feed(write_fd, read_fd)
+    sink.attach_feed(write_fd, read_fd, feed_ring)
     return None
 
 
@@ -126,7 +144,7 @@ def _double_fork(
     env: dict[str, str],
     stderr: int,
     go: tuple[int, int],
-    inherited: tuple[int, int | None],
+    inherited: tuple[int | None, ...],
 ) -> int:
     """Fork a child that forks the watcher-to-be (waiting on GO's read end) and leaves at once.
 
@@ -159,7 +177,7 @@ def _exec_watcher(
     env: dict[str, str],
     stderr: int,
     go: tuple[int, int],
-    inherited: tuple[int, int | None],
+    inherited: tuple[int | None, ...],
 ) -> None:  # pragma: no cover  (the watcher-to-be, forked: it execs or leaves)
     """Wait for the go, then become the watcher: its own session, no terminal, stdin and stdout on
     /dev/null, STDERR on 2, the INHERITED descriptors kept, and a working directory where nobody else
@@ -219,7 +237,7 @@ def hush(sink: Sink) -> None:
 
 
 def _pipe() -> tuple[int, int]:
-    """A pipe whose ends are above 2 (stdin may be closed), the write end non-blocking and enlarged."""
+    """A pipe whose ends are above 2 (stdin may be closed): the watcher's sign of the end, and the lock of hush."""
     global _fcntl
     if _fcntl is None:
         import fcntl
@@ -227,21 +245,18 @@ def _pipe() -> tuple[int, int]:
         _fcntl = (
             fcntl  # for hush(), at the exit: by then fcntl is held (tracing/handback.py) or the program's
         )
-    fcntl = _fcntl  # a fork child's watcher: the parent's, never an import in the child's log
-    ends = []
-    for fd in os.pipe():
-        if fd <= 2:
-            moved = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3)
-            os.close(fd)
-            fd = moved
-        ends.append(fd)
-    os.set_blocking(ends[1], False)
-    try:
-        # About 15,000 lines: room for the watcher's own start-up and a burst of imports.
-        fcntl.fcntl(ends[1], getattr(fcntl, "F_SETPIPE_SZ", 1031), _PIPE_SIZE)
-    except OSError:
-        pass  # above /proc/sys/fs/pipe-max-size: the default 64 KiB does
-    return ends[0], ends[1]
+    read_fd, write_fd = os.pipe()
+    return _above_stdio(read_fd), _above_stdio(write_fd)
+
+
+def _above_stdio(fd: int) -> int:
+    """FD, or a close-on-exec copy above 2 in its place: the watcher-to-be puts /dev/null on 0 and 1."""
+    if fd > 2:
+        return fd
+    # In a fork child's watcher too: the parent's fcntl, never an import in the child's log.
+    moved = _fcntl.fcntl(fd, _fcntl.F_DUPFD_CLOEXEC, 3)
+    os.close(fd)
+    return moved
 
 
 def _start_time(pid: int) -> int:

@@ -19,13 +19,16 @@ if TYPE_CHECKING:
     from importwatch.facts import stacks
     from importwatch.facts.process import ThreadSample
     from importwatch.inflight import Started
+    from importwatch.tracing.ring import RingReader
     from importwatch.tracing.sink import Sink
 
 # The outside report comes this long after the threshold, so it follows the in-process STALL
 # report and faulthandler's dump (armed 0.3 s after it) instead of interleaving with them.
 REPORT_DELAY = 0.5
 SAMPLE_INTERVAL = 0.25
-FEED_BATCH = 0.02  # after reading the feed, how long the watcher lets lines gather (see run)
+# How often the watcher reads the feed's ring: nothing wakes it per line (tracing/ring.py). A step is
+# seen this much late at most; the ring holds far more than the busiest burst of lines writes in it.
+FEED_INTERVAL = 0.1
 # With --exit-on-stall, how long the watcher lets the program end itself before killing it.
 EXIT_GRACE = 1.5
 # The longest a debugger may keep the process stopped to read its native stacks.
@@ -47,14 +50,22 @@ class Watcher(Composing):
     stacks_timeout = STACKS_TIMEOUT
 
     def __init__(
-        self, sink: Sink, pid: int, feed: int, timeout: float, start: int | None, exit_on_stall: bool
+        self,
+        sink: Sink,
+        pid: int,
+        feed: int,
+        ring: RingReader,
+        timeout: float,
+        start: int | None,
+        exit_on_stall: bool,
     ) -> None:
         from importwatch.facts.mapped import MappedObjects
         from importwatch.inflight import InFlight
 
         self.sink = sink
         self.pid = pid
-        self.feed = feed
+        self.feed = feed  # the pipe: its end is the program's, and its lock keeps us quiet at the exit
+        self.ring = ring  # the program's lines
         self.timeout = timeout
         self.start_time = start
         self.exit_on_stall = exit_on_stall
@@ -64,7 +75,7 @@ class Watcher(Composing):
         self.progress = 0.0
         self.clean = False  # the program said it exits (atexit, or --exit-on-stall)
         self.reports = 0  # stall reports for the current stall
-        self.lost = 0
+        self.lost = 0  # bytes of lines the ring turned over before we read them
         self.samples: list[tuple[float, dict[int, ThreadSample]]] = []
         self.mapped = MappedObjects(pid)
         self.mapped_before: dict[str, None] = dict(self.mapped.paths)
@@ -93,7 +104,7 @@ class Watcher(Composing):
         except (AttributeError, OSError):
             self._pidfd = None  # Linux < 5.3 or Python < 3.9: poll /proc instead
         if not process.alive(self.pid, self.start_time):
-            self._read_all()
+            self._read_ring()
             return self.ended()
         poller = select.poll()
         poller.register(self.feed, select.POLLIN)
@@ -102,32 +113,24 @@ class Watcher(Composing):
         self.progress = time.monotonic()
         while True:
             wait = self._next_wakeup(time.monotonic())
-            events = poller.poll(None if wait is None else max(wait, 0.0) * 1000)
-            fed = False
+            events = poller.poll(max(wait, 0.0) * 1000)
+            self._read_ring()
             for fd, _ in events:
                 if fd == self.feed:
-                    data = os.read(self.feed, 1 << 16)
-                    if not data:
+                    if not os.read(self.feed, 1 << 16):  # nothing is written there: this is the end
+                        self._read_ring()
                         return self.ended()
-                    self.take(data, time.monotonic())
-                    fed = True
                 elif fd == self._pidfd:
-                    self._read_all()
+                    self._read_ring()
                     return self.ended()
             if self._pidfd is None and not process.alive(self.pid, self.start_time):
-                self._read_all()
+                self._read_ring()
                 return self.ended()
             self.tick(time.monotonic())
-            if fed:
-                # Let lines gather in the pipe: a write wakes the watcher only while it waits in
-                # poll(), and each wake-up is a cost to the program (about 7 us of its system time).
-                time.sleep(FEED_BATCH)
 
-    def _next_wakeup(self, now: float) -> float | None:
-        if not self._in_flight():
-            return None if self._pidfd is not None else 1.0
-        wait = SAMPLE_INTERVAL
-        if self.timeout > 0:
+    def _next_wakeup(self, now: float) -> float:
+        wait = FEED_INTERVAL
+        if self.timeout > 0 and self._in_flight():
             wait = min(wait, self._due() - now)
         return wait
 
@@ -137,18 +140,18 @@ class Watcher(Composing):
         delay = 0.0 if self.exit_on_stall and self.reports == 0 else REPORT_DELAY
         return self.progress + self.timeout * _GROWTH**self.reports + delay
 
-    def _read_all(self) -> None:
-        """What the feed still holds (the process is gone; its last lines may name the culprit)."""
+    def _read_ring(self) -> None:
+        """Take the lines the program appended since the last look."""
         import time
 
-        os.set_blocking(self.feed, False)
-        while True:
-            try:
-                data = os.read(self.feed, 1 << 16)
-            except OSError:
-                return
-            if not data:
-                return
+        data, lost = self.ring.read()
+        if lost:
+            self.lost += lost
+            # What is left of a line whose start was lost is no line; the indentation of the next ones
+            # still places them (see InFlight).
+            self._buffer = b""
+            data = data[data.find(b"\n") + 1 :] if b"\n" in data else b""
+        if data:
             self.take(data, time.monotonic())
 
     # -- following the feed ------------------------------------------------------------------
@@ -176,8 +179,6 @@ class Watcher(Composing):
             name, _, tid = rest.rpartition(" ")
             if tid.isdigit():
                 self.tids[name] = int(tid)
-        elif word == "lost" and rest.isdigit():
-            self.lost += int(rest)
         elif word == "mapped" and rest:
             if not self.told_mapped:  # the program's own list replaces our first look
                 self.told_mapped = True
@@ -294,7 +295,7 @@ class Watcher(Composing):
 
         if self.silent:
             return False
-        self._read_available()
+        self._read_ring()
         if self.clean or not self._alive():
             self.silent = True
             return False
@@ -342,24 +343,6 @@ class Watcher(Composing):
 
             return not select.select([self._pidfd], [], [], 0)[0]
         return process.alive(self.pid, self.start_time)
-
-    def _read_available(self) -> None:
-        """Take what the feed holds now without waiting (an `#exit` silences the report)."""
-        import time
-
-        while True:
-            try:
-                data = os.read(self.feed, 1 << 16) if self._readable() else b""
-            except OSError:
-                return
-            if not data:
-                return
-            self.take(data, time.monotonic())
-
-    def _readable(self) -> bool:
-        import select
-
-        return bool(select.select([self.feed], [], [], 0)[0])
 
     def _stacks(self, early: stacks.Stacks | str | None = None) -> None:
         """Every thread's native stack, the stalled thread's first, ours in one line each.
@@ -510,7 +493,7 @@ class Watcher(Composing):
 
 
 def main(args: list[str] | None = None) -> int:
-    """`... --pid PID --feed FD [--start TICKS] [--log-fd FD] -- SETTINGS`, as watcher_launch writes it.
+    """`... --pid PID --feed FD --ring FD [--start TICKS] [--log-fd FD] -- SETTINGS`, as watcher_launch writes it.
 
     The words before `--` say which process to watch and the descriptors it handed down;
     SETTINGS are the traced process's own, as config.to_options wrote them.
@@ -518,7 +501,8 @@ def main(args: list[str] | None = None) -> int:
     import signal
 
     plumbing, settings = _parse(sys.argv[1:] if args is None else args)
-    feed, log_fd = plumbing["--feed"], plumbing.get("--log-fd")
+    feed, ring_fd, log_fd = plumbing["--feed"], plumbing["--ring"], plumbing.get("--log-fd")
+    ring = _map_ring(ring_fd)  # and its descriptor closed: the mapping is what we keep of it
     _close_inherited(keep={0, 1, 2, feed, log_fd})
     # The terminal's signals are the program's business; the watcher leaves when the program does.
     for name in ("SIGINT", "SIGHUP", "SIGTSTP", "SIGTTIN", "SIGTTOU", "SIGPIPE", "SIGQUIT"):
@@ -532,7 +516,8 @@ def main(args: list[str] | None = None) -> int:
     if log_fd is not None:
         os.set_inheritable(log_fd, False)
         sink.adopt_log(log_fd, settings.log or f"descriptor {log_fd}")
-    watcher = Watcher(sink, sink.pid, feed, settings.timeout, plumbing.get("--start"), settings.exit_on_stall)
+    start = plumbing.get("--start")
+    watcher = Watcher(sink, sink.pid, feed, ring, settings.timeout, start, settings.exit_on_stall)
     try:
         return watcher.run()
     except Exception as error:  # say it and go: a watcher must never hang around broken
@@ -549,12 +534,24 @@ def _parse(args: list[str]) -> tuple[dict[str, int], Settings]:
     if len(words) % 2 or not all(word.lstrip("-").isdigit() for word in words[1::2]):
         raise SystemExit(f"importwatch watcher: bad command line {args!r}")
     plumbing = {name: int(value) for name, value in zip(words[::2], words[1::2])}
-    if not {"--pid", "--feed"} <= plumbing.keys():
-        raise SystemExit("importwatch watcher: --pid and --feed are needed")
+    if not {"--pid", "--feed", "--ring"} <= plumbing.keys():
+        raise SystemExit("importwatch watcher: --pid, --feed and --ring are needed")
     try:
         return plumbing, config.from_options(args[split + 1 :])
     except config.ConfigError as error:
         raise SystemExit(f"importwatch watcher: {error}") from None
+
+
+def _map_ring(fd: int) -> RingReader:
+    """The program's ring (tracing/ring.py), mapped from FD, which is closed then."""
+    from importwatch.tracing.ring import RingReader
+
+    try:
+        return RingReader(fd)
+    except (OSError, ValueError) as error:
+        raise SystemExit(f"importwatch watcher: cannot map the feed's ring: {error}") from None
+    finally:
+        os.close(fd)
 
 
 def _close_inherited(keep: set[int]) -> None:

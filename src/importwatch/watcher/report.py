@@ -226,7 +226,7 @@ class Composing:
         for name, warning in said[1:]:
             detail.append((OUTSIDE, {"message": f"said for {name}: {warning}"}))
         if self.lost:
-            lost = f"{self.lost} line{'s' if self.lost != 1 else ''}"
+            lost = f"{self.lost} byte{'s' if self.lost != 1 else ''} of lines"
             detail.append((OUTSIDE, {"message": f"the feed lost {lost}: in-flight steps may be incomplete"}))
         chain = " > ".join(describe(step, now) for step in chains[culprit_name])
         told = None

@@ -1,0 +1,168 @@
+"""The watcher's feed: a ring in shared memory the traced process appends its lines to, and the watcher reads.
+
+A line costs the program a copy into shared memory and no system call: no write,
+and no wake-up of the watcher, which reads what is new a few times a second
+(watcher/loop.py). The memory is a memfd that the program maps and hands down to the
+watcher; the program keeps no descriptor of it.
+
+Layout: the first 8 bytes hold HEAD, the number of bytes ever appended (native byte
+order: both ends run on this machine), stored after the bytes it counts; the lines
+follow from HEADER on, each at HEAD modulo the ring's size. One writer: the program's
+threads take turns under the GIL, and the C hook (_speedups_ring.h) appends exactly as
+Ring.put does. A reader that falls a whole ring behind loses the oldest bytes and
+knows how many (RingReader.read).
+"""
+
+from __future__ import annotations
+
+import _thread
+import os
+
+from importwatch.tracing.descriptors import close_if_ours, high_descriptor, identity
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from types import ModuleType
+
+HEADER = 64  # HEAD, then room to spare: the lines start on a cache line of their own
+SIZE = 1 << 20  # bytes of lines: seconds of the busiest import burst seen (about 0.3 MB/s for torch)
+_NAME = "importwatch-feed"
+# The longest line the feed takes whole (a stack or a traceback can be longer); FEED_LONGEST in C.
+_LONGEST = 1 << 16
+
+
+def create(speedups: ModuleType | None) -> tuple[int, Ring]:
+    """A new ring and its memfd (close-on-exec), for the watcher to inherit; OSError when it cannot be made.
+
+    Mapped by the C accelerator (SPEEDUPS) when built: `import mmap` would cost the
+    program's start-up half a millisecond, and mmap is not ours to import early.
+    """
+    fd = os.memfd_create(_NAME, os.MFD_CLOEXEC)
+    try:
+        os.ftruncate(fd, HEADER + SIZE)
+        if speedups is not None:
+            mapping = speedups.shared_memory(fd, HEADER + SIZE)
+        else:
+            import mmap
+
+            mapping = mmap.mmap(fd, HEADER + SIZE)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, Ring(mapping)
+
+
+class Ring:
+    """The program's end: appends bytes. MAPPING is any writable buffer over the shared memory."""
+
+    __slots__ = ("heads", "mapping", "size", "view")
+
+    def __init__(self, mapping: object) -> None:
+        self.mapping = mapping  # what the C hook appends to (the buffer protocol)
+        self.view = memoryview(mapping)  # type: ignore[arg-type]
+        self.heads = self.view[:8].cast("Q")
+        self.size = len(self.view) - HEADER
+
+    def put(self, data: bytes) -> None:
+        """Append DATA: the bytes first, then HEAD, so a reader never sees HEAD count bytes not there."""
+        head = self.heads[0]
+        size = self.size
+        at = HEADER + head % size
+        end = at + len(data)
+        if end <= HEADER + size:
+            self.view[at:end] = data
+        else:
+            first = HEADER + size - at
+            self.view[at:] = data[:first]
+            self.view[HEADER : HEADER + len(data) - first] = data[first:]
+        self.heads[0] = head + len(data)
+
+    def close(self) -> None:
+        """Unmap (a fork child: the parent's ring is not its to write)."""
+        self.heads.release()
+        self.view.release()
+        self.mapping = None
+
+
+class RingReader:
+    """The watcher's end: what was appended since its last read."""
+
+    def __init__(self, fd: int) -> None:
+        import mmap
+
+        size = os.fstat(fd).st_size
+        self.mapping = mmap.mmap(fd, size, prot=mmap.PROT_READ)
+        self.view = memoryview(self.mapping)
+        self.heads = self.view[:8].cast("Q")
+        self.size = size - HEADER
+        self.tail = 0  # bytes read so far (or lost)
+
+    def read(self) -> tuple[bytes, int]:
+        """The bytes appended since the last read, and how many bytes before them were lost: overwritten
+        before they could be read (the data then starts inside a line)."""
+        head = self.heads[0]
+        tail = self.tail
+        if head <= tail:
+            return b"", 0
+        lost = 0
+        if head - tail > self.size:
+            lost = head - self.size - tail
+            tail = head - self.size
+        data = self._copy(tail, head)
+        # The writer went on while we copied: what it may have written over is not to be trusted.
+        spoiled = self.heads[0] - self.size - tail
+        if spoiled > 0:
+            data = data[spoiled:]
+            lost += spoiled
+        self.tail = head
+        return data, lost
+
+    def _copy(self, begin: int, end: int) -> bytes:
+        size = self.size
+        at = HEADER + begin % size
+        stop = at + (end - begin)
+        if stop <= HEADER + size:
+            return self.view[at:stop].tobytes()
+        return self.view[at:].tobytes() + self.view[HEADER : stop - size].tobytes()
+
+
+class Feed:
+    """The watcher's copy of every text line, appended to a ring in shared memory (tracing/ring.py).
+
+    No system call per line, and a slow or dead watcher costs nothing: the ring
+    just turns over. Lines starting with "#" are for the watcher only: `#thread
+    NAME TID`, `#mapped PATH`, `#exit`. The pipe FD is written nothing: its end
+    tells the watcher this process has gone (or exec'd), and its lock is how the
+    exit silences the watcher (watcher_launch.hush).
+    """
+
+    __slots__ = ("closed", "fd", "ident", "keep", "ring", "threads")
+
+    def __init__(self, fd: int, keep: int, ring: Ring) -> None:
+        self.fd = high_descriptor(fd)
+        # The read end too: the lock hush takes is the pipe's, both ends one inode.
+        self.keep = high_descriptor(keep)
+        self.ident = identity(self.fd)
+        self.ring = ring
+        self.closed = False  # closed under us: the program closed its pipe, and the watcher has gone
+        self.threads: set[int] = set()
+
+    def send(self, data: bytes) -> None:
+        if self.closed:
+            return
+        if len(data) > _LONGEST:
+            data = data[: _LONGEST - 1] + b"\n"
+        self.ring.put(data)
+
+    def announce(self, ident: int, name: str, tid: int | None = None) -> None:
+        """Tell the watcher which kernel thread id (TID, this thread's by default) a thread name stands
+        for (once per thread)."""
+        self.threads.add(ident)
+        tid = _thread.get_native_id() if tid is None else tid
+        self.send(f"#thread {name} {tid}\n".encode("ascii"))
+
+    def close(self) -> None:
+        self.closed = True
+        self.ring.close()
+        for fd in (self.fd, self.keep):
+            close_if_ours(fd, self.ident)
