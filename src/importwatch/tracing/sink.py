@@ -12,13 +12,12 @@ import time
 from importwatch import safefile
 from importwatch.events import BUSY, DIED, EXIT, RESUMED, VERDICT, WARNING, escape, json_line, render
 from importwatch.tracing.descriptors import close_if_ours, high_descriptor, identity
-from importwatch.tracing.ring import Feed
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Callable
 
-    from importwatch.tracing.ring import Ring
+    from importwatch.tracing.ring import Feed, Ring
 
 
 class Clocks:
@@ -298,6 +297,8 @@ class Sink:
 
     def attach_feed(self, fd: int, keep: int, ring: Ring) -> None:
         """From now on every text line also goes to the watcher's RING; the pipe FD tells it of the end (see Feed)."""
+        from importwatch.tracing.ring import Feed  # loaded by the watcher's launch already
+
         self.close_feed()
         self.feed = Feed(fd, keep, ring)
         for ident, name in self._own_threads.items():  # named before there was a watcher (a fork child's)
