@@ -71,12 +71,13 @@ SUITES: dict[str, Suite] = {
     ),
     "jinja2": Suite("jinja2==3.1.6", ("tests",), ("pytest", "trio", "markupsafe==3.0.3", ".")),
     "attrs": Suite("attrs==25.4.0", ("tests",), ("pytest", "hypothesis", "pympler", "cloudpickle", ".")),
-    # dateutil's suite turns warnings into errors, and pytest 9 warns of its generator parametrize
-    # (collection failed: 2 "tests"): the last pytest its release was tested with.
+    # dateutil's suite turns warnings into errors: pytest 9 warns of its generator parametrize, and its
+    # conftest marks tests no_cover, a mark pytest-cov registers (without them, collection failed and
+    # its 2 errors read as 2 tests).
     "python-dateutil": Suite(
         "python-dateutil==2.9.0.post0",
         ("tests",),
-        ("pytest==8.4.2", "hypothesis", "freezegun", "six", "."),
+        ("pytest==8.4.2", "pytest-cov", "hypothesis", "freezegun", "six", "."),
     ),
     "numpy": Suite(
         "numpy==2.3.5",
