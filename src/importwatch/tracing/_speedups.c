@@ -33,7 +33,7 @@
 static PyObject *s_import, *s_import_end, *s_structured, *s_progress_due, *s_on_progress, *s_on_deadline,
     *s_check_descriptors, *s_safely, *s_internal_error, *s_event, *s_name, *s_parent, *s_ms, *s_error,
     *s_writing_a_line, *s_dunder_name, *s_progress, *s_loud, *s_log, *s_feed, *s_stderr, *s_partial,
-    *s_main_thread, *s_msec, *s_prefix, *s_now, *s_set_stamp, *s_json, *s_broken, *s_closed, *s_ring, *s_mapping, *s_fd,
+    *s_main_thread, *s_msec, *s_prefix, *s_now, *s_set_stamp, *s_json, *s_broken, *s_closed, *s_ring, *s_mapping, *s_fd, *s_modules,
     *s_stderr_again, *s_log_lost, *s_warn;
 
 static const struct {
@@ -48,9 +48,13 @@ static const struct {
     {&s_loud, "_loud"}, {&s_log, "log"}, {&s_feed, "feed"}, {&s_stderr, "stderr"}, {&s_partial, "partial"},
     {&s_main_thread, "main_thread"}, {&s_msec, "_msec"}, {&s_prefix, "_prefix"}, {&s_now, "_now"},
     {&s_set_stamp, "_set_stamp"}, {&s_json, "json"}, {&s_broken, "broken"}, {&s_closed, "closed"},
-    {&s_ring, "ring"}, {&s_mapping, "mapping"}, {&s_fd, "fd"}, {&s_stderr_again, "_stderr_again"}, {&s_log_lost, "_log_lost"},
+    {&s_ring, "ring"}, {&s_mapping, "mapping"}, {&s_fd, "fd"}, {&s_modules, "modules"}, {&s_stderr_again, "_stderr_again"}, {&s_log_lost, "_log_lost"},
     {&s_warn, "warn"},
 };
+
+/* The sys module, held from the first hook made: sys.modules is read from it at each import (an attribute
+   lookup with an interned name, where PySys_GetObject makes its key anew each time). */
+static PyObject *the_sys;
 
 /* The six slots of a TracedStep, set through their member descriptors: no __init__ runs. */
 enum { SLOT_NAME, SLOT_KIND, SLOT_START, SLOT_PROGRESS, SLOT_TIMEOUT, SLOT_CONTEXT, SLOTS };
@@ -144,14 +148,20 @@ static int end_line(Hook *self, PyObject *name, PyObject *parent, PyObject *show
                 goto done;
             }
         }
-        char *digits = PyOS_double_to_string(ms, 'f', 3, 0, NULL); /* as f"{ms:.3f}" */
-        if (digits == NULL) {
+        int nowhere = wanted ? 0 : goes_nowhere(self, s_import_end); /* then not even formatted */
+        if (nowhere < 0) {
+            goto done;
+        }
+        char *digits = nowhere ? NULL : PyOS_double_to_string(ms, 'f', 3, 0, NULL); /* as f"{ms:.3f}" */
+        if (!nowhere && digits == NULL) {
             goto done;
         }
         char tail[64];
-        PyOS_snprintf(tail, sizeof tail, " %s ms", digits);
-        PyMem_Free(digits);
-        int fast = wanted ? 0 : fast_emit(self, s_import_end, depth, "< ", shown, tail);
+        if (digits != NULL) {
+            PyOS_snprintf(tail, sizeof tail, " %s ms", digits);
+            PyMem_Free(digits);
+        }
+        int fast = nowhere ? 1 : wanted ? 0 : fast_emit(self, s_import_end, depth, "< ", shown, tail);
         if (fast < 0) {
             goto done;
         }
@@ -238,12 +248,12 @@ static PyObject *hook_call(PyObject *callable, PyObject *const *args, size_t nar
         return call_original(self, args, nargsf, kwnames); /* not a call the import machinery makes */
     }
     PyObject *name = args[0];
-    PyObject *modules = PySys_GetObject("modules"); /* borrowed */
+    PyObject *modules = PyObject_GetAttr(the_sys, s_modules); /* sys.modules, as the closure reads it */
     if (modules == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "lost sys.modules");
         return NULL;
     }
     int loaded = PySequence_Contains(modules, name);
+    Py_DECREF(modules);
     if (loaded != 0) { /* importlib.import_module of a loaded module, or a lock wait */
         return loaded < 0 ? NULL : call_original(self, args, nargsf, NULL);
     }
@@ -470,6 +480,9 @@ static PyObject *make_hook(PyObject *module, PyObject *args) {
     PyObject *original, *tracer, *sink, *emit, *clock, *step_type, *escape;
     if (!PyArg_ParseTuple(args, "OOOOOO!O:find_and_load", &original, &tracer, &sink, &emit, &clock, &PyType_Type,
                           &step_type, &escape)) {
+        return NULL;
+    }
+    if (the_sys == NULL && (the_sys = PyImport_ImportModule("sys")) == NULL) {
         return NULL;
     }
     Hook *self = PyObject_GC_New(Hook, &HookType);

@@ -132,6 +132,31 @@ static int log_write(Hook *self, PyObject *log, const char *text, size_t size) {
     return result == NULL ? -1 : 0;
 }
 
+/* Whether a line of KIND goes nowhere, Sink.emit's first test: --stderr stalls or none, no log, no
+   watcher, and KIND not one for stderr. 1 or 0, or -1 with an exception. The hook asks before it
+   formats an import's end line, which then costs no formatting at all. */
+static int goes_nowhere(Hook *self, PyObject *kind) {
+    PyObject *loud = PyObject_GetAttr(self->sink, s_loud);
+    if (loud == NULL) {
+        return -1;
+    }
+    int result = 0;
+    if (PyDict_Check(loud)) { /* None: every line goes to stderr */
+        PyObject *log = PyObject_GetAttr(self->sink, s_log);
+        PyObject *feed = log == NULL ? NULL : PyObject_GetAttr(self->sink, s_feed);
+        if (feed == NULL) {
+            result = -1;
+        } else if (log == Py_None && feed == Py_None) {
+            PyObject *answer = PyDict_GetItemWithError(loud, kind); /* not yet decided: emit decides */
+            result = answer == NULL ? (PyErr_Occurred() ? -1 : 0) : answer == Py_False;
+        }
+        Py_XDECREF(log);
+        Py_XDECREF(feed);
+    }
+    Py_DECREF(loud);
+    return result;
+}
+
 /* Sink.emit(KIND, BODY) for one of the hook's lines, BODY being DEPTH indents, MARK, SHOWN and TAIL,
    formatted and written here when the case is the common one: the main thread, a text log or none, the
    program's last stderr line ended; the watcher's feed gets it in its ring (_speedups_ring.h). 1: written (or nowhere to go);

@@ -1,7 +1,7 @@
 """The watcher's feed: a ring in shared memory the traced process appends its lines to, and the watcher reads.
 
 A line costs the program a copy into shared memory and no system call: no write,
-and no wake-up of the watcher, which reads what is new a few times a second
+and no wake-up of the watcher, which reads what is new ten times a second
 (watcher/loop.py). The memory is a memfd that the program maps and hands down to the
 watcher; the program keeps no descriptor of it.
 
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from types import ModuleType
 
 HEADER = 64  # HEAD, then room to spare: the lines start on a cache line of their own
-SIZE = 1 << 20  # bytes of lines: seconds of the busiest import burst seen (about 0.3 MB/s for torch)
+SIZE = 1 << 20  # bytes of lines: `import torch`, the busiest burst seen, writes about 0.3 MB in all
 _NAME = "importwatch-feed"
 # The longest line the feed takes whole (a stack or a traceback can be longer); FEED_LONGEST in C.
 _LONGEST = 1 << 16
@@ -127,7 +127,7 @@ class RingReader:
 
 
 class Feed:
-    """The watcher's copy of every text line, appended to a ring in shared memory (tracing/ring.py).
+    """The watcher's copy of every text line, appended to its Ring (above) in shared memory.
 
     No system call per line, and a slow or dead watcher costs nothing: the ring
     just turns over. Lines starting with "#" are for the watcher only: `#thread
