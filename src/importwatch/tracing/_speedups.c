@@ -33,8 +33,8 @@
 static PyObject *s_import, *s_import_end, *s_structured, *s_progress_due, *s_on_progress, *s_on_deadline,
     *s_check_descriptors, *s_safely, *s_internal_error, *s_event, *s_name, *s_parent, *s_ms, *s_error,
     *s_writing_a_line, *s_dunder_name, *s_progress, *s_loud, *s_log, *s_feed, *s_stderr, *s_partial,
-    *s_main_thread, *s_msec, *s_prefix, *s_now, *s_set_stamp, *s_json, *s_broken, *s_closed, *s_ring, *s_mapping, *s_fd, *s_modules,
-    *s_stderr_again, *s_log_lost, *s_warn;
+    *s_main_thread, *s_msec, *s_prefix, *s_now, *s_set_stamp, *s_json, *s_broken, *s_closed, *s_ring, *s_mapping,
+    *s_fd, *s_modules, *s_stderr_again, *s_log_lost, *s_warn;
 
 static const struct {
     PyObject **slot;
@@ -48,8 +48,8 @@ static const struct {
     {&s_loud, "_loud"}, {&s_log, "log"}, {&s_feed, "feed"}, {&s_stderr, "stderr"}, {&s_partial, "partial"},
     {&s_main_thread, "main_thread"}, {&s_msec, "_msec"}, {&s_prefix, "_prefix"}, {&s_now, "_now"},
     {&s_set_stamp, "_set_stamp"}, {&s_json, "json"}, {&s_broken, "broken"}, {&s_closed, "closed"},
-    {&s_ring, "ring"}, {&s_mapping, "mapping"}, {&s_fd, "fd"}, {&s_modules, "modules"}, {&s_stderr_again, "_stderr_again"}, {&s_log_lost, "_log_lost"},
-    {&s_warn, "warn"},
+    {&s_ring, "ring"}, {&s_mapping, "mapping"}, {&s_fd, "fd"}, {&s_modules, "modules"},
+    {&s_stderr_again, "_stderr_again"}, {&s_log_lost, "_log_lost"}, {&s_warn, "warn"},
 };
 
 /* The sys module, held from the first hook made: sys.modules is read from it at each import (an attribute
@@ -130,6 +130,17 @@ static int take_out(PyObject *stack, PyObject *frame) {
     return 0;
 }
 
+/* TAIL, an end line's " 1.234 ms", as f" {ms:.3f} ms" makes it: 0, or -1 with an exception. */
+static int ms_tail(double ms, char tail[64]) {
+    char *digits = PyOS_double_to_string(ms, 'f', 3, 0, NULL);
+    if (digits == NULL) {
+        return -1;
+    }
+    PyOS_snprintf(tail, 64, " %s ms", digits);
+    PyMem_Free(digits);
+    return 0;
+}
+
 /* The end of the import: its line (the failure's through sink.event), then on_progress when due. */
 static int end_line(Hook *self, PyObject *name, PyObject *parent, PyObject *shown, Py_ssize_t depth,
                     double ms, PyObject *now, PyObject *failure) {
@@ -149,17 +160,9 @@ static int end_line(Hook *self, PyObject *name, PyObject *parent, PyObject *show
             }
         }
         int nowhere = wanted ? 0 : goes_nowhere(self, s_import_end); /* then not even formatted */
-        if (nowhere < 0) {
-            goto done;
-        }
-        char *digits = nowhere ? NULL : PyOS_double_to_string(ms, 'f', 3, 0, NULL); /* as f"{ms:.3f}" */
-        if (!nowhere && digits == NULL) {
-            goto done;
-        }
         char tail[64];
-        if (digits != NULL) {
-            PyOS_snprintf(tail, sizeof tail, " %s ms", digits);
-            PyMem_Free(digits);
+        if (nowhere < 0 || (!nowhere && ms_tail(ms, tail) < 0)) {
+            goto done;
         }
         int fast = nowhere ? 1 : wanted ? 0 : fast_emit(self, s_import_end, depth, "< ", shown, tail);
         if (fast < 0) {

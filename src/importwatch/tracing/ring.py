@@ -131,17 +131,16 @@ class Feed:
 
     No system call per line, and a slow or dead watcher costs nothing: the ring
     just turns over. Lines starting with "#" are for the watcher only: `#thread
-    NAME TID`, `#mapped PATH`, `#exit`. The pipe FD is written nothing: its end
-    tells the watcher this process has gone (or exec'd), and its lock is how the
-    exit silences the watcher (watcher_launch.hush).
+    NAME TID`, `#mapped PATH`, `#exit`. FD, the pipe's write end, is written
+    nothing: its end tells the watcher this process has gone (or exec'd), and its
+    lock is how the exit silences the watcher (watcher_launch.hush). The read end is
+    the watcher's alone: with nothing written, no SIGPIPE can come of its death.
     """
 
-    __slots__ = ("closed", "fd", "ident", "keep", "ring", "threads")
+    __slots__ = ("closed", "fd", "ident", "ring", "threads")
 
-    def __init__(self, fd: int, keep: int, ring: Ring) -> None:
+    def __init__(self, fd: int, ring: Ring) -> None:
         self.fd = high_descriptor(fd)
-        # The read end too: the lock hush takes is the pipe's, both ends one inode.
-        self.keep = high_descriptor(keep)
         self.ident = identity(self.fd)
         self.ring = ring
         self.closed = False  # closed under us: the program closed its pipe, and the watcher has gone
@@ -164,5 +163,4 @@ class Feed:
     def close(self) -> None:
         self.closed = True
         self.ring.close()
-        for fd in (self.fd, self.keep):
-            close_if_ours(fd, self.ident)
+        close_if_ours(self.fd, self.ident)

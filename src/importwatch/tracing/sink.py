@@ -295,12 +295,12 @@ class Sink:
         if self.on_log_lost is not None:
             self.on_log_lost()
 
-    def attach_feed(self, fd: int, keep: int, ring: Ring) -> None:
+    def attach_feed(self, fd: int, ring: Ring) -> None:
         """From now on every text line also goes to the watcher's RING; the pipe FD tells it of the end (see Feed)."""
         from importwatch.tracing.ring import Feed  # loaded by the watcher's launch already
 
         self.close_feed()
-        self.feed = Feed(fd, keep, ring)
+        self.feed = Feed(fd, ring)
         for ident, name in self._own_threads.items():  # named before there was a watcher (a fork child's)
             self.feed.announce(ident, name, self._own_tids[ident])
 

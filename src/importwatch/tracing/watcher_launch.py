@@ -10,7 +10,7 @@ How it is started (launch(), in the traced process, at activation):
   program keeps only its mapping;
 - a pipe tells the watcher of the end: nothing is written to it, and the watcher sees
   its end when the program exits or execs (the write end is close-on-exec). The traced
-  process keeps both ends; the lock on it is what hush takes;
+  process keeps the write end only; the lock on it is what hush takes;
 - the watcher is double-forked (fork; the child forks the watcher and leaves at once): it
   is never the program's child, so the program's own os.wait() never sees it and it
   never becomes the program's zombie. It runs `python -I -S`, in its own session,
@@ -107,6 +107,7 @@ def launch(sink: Sink, settings: Settings) -> str | None:
     go_read, go_write = os.pipe()
     watcher = _double_fork(executable, argv, env, stderr, (go_read, go_write), (read_fd, ring_fd, log_fd))
     os.close(ring_fd)  # the watcher-to-be holds its own; the program, only the mapping
+    os.close(read_fd)  # the watcher's too
     # Orphaned by the intermediate child, the watcher goes to the nearest child subreaper: if that
     # is this process (PR_SET_CHILD_SUBREAPER survives exec), it is our child and must not run.
     adopted = watcher > 0 and _is_child(watcher)
@@ -114,7 +115,6 @@ def launch(sink: Sink, settings: Settings) -> str | None:
         os.close(go_write)  # the watcher-to-be reads the end of the pipe and leaves
         if adopted:
             os.waitpid(watcher, 0)  # reaped here: the program's os.wait() never sees it
-        os.close(read_fd)
         os.close(write_fd)
         feed_ring.close()
         if adopted:
@@ -122,7 +122,7 @@ def launch(sink: Sink, settings: Settings) -> str | None:
         return "it could not be spawned"
     os.write(go_write, b"1")
     os.close(go_write)
-    sink.attach_feed(write_fd, read_fd, feed_ring)
+    sink.attach_feed(write_fd, feed_ring)
     return None
 
 
@@ -219,8 +219,8 @@ def hush(sink: Sink) -> None:
     import time
 
     feed = sink.feed
-    if feed is None or _fcntl is None:
-        return
+    if feed is None or feed.closed or _fcntl is None:
+        return  # (closed: the program took the pipe's number over, and a lock there would be on its file)
     fcntl = _fcntl  # not `import fcntl`: at the exit that import would be one more of the program's
     sink.feed_line("#exit")
     # Counted in tries, not by the clock: a debugger that stops this process meanwhile (the
