@@ -9,8 +9,10 @@ twin alike, and the ring holds the very bytes the log got.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -28,6 +30,7 @@ MODULES = 300
 # The program's own count of its write(2) calls (/proc/self/io, every thread of it) around its imports.
 _COUNT_WRITES = """
 import sys
+import time
 def writes():
     with open('/proc/self/io') as io:
         return int(next(line for line in io if line.startswith('syscw:')).split()[1])
@@ -125,3 +128,45 @@ def test_a_reader_a_ring_behind_loses_the_oldest_bytes_and_counts_them(accelerat
     assert reader.read() == (b"y" * 150 + b"\n", 0)
     assert writer.heads[0] % ring.SIZE == 101
     writer.close()
+
+
+# The watcher as watcher_launch starts it (its boot line, minus the path it puts first).
+_WATCHER = "import sys; from importwatch.watcher.loop import main; sys.exit(main())"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_the_watcher_times_a_step_from_its_line_s_stamp_not_from_its_reading():
+    # The ring is read ten times a second, and a watcher slow to start reads its first lines later
+    # still: timed from its reading, a step looked younger to the watcher than to the program's own
+    # watchdog, whose --exit-on-stall then ended the job before the outside view was out. Here the
+    # watcher starts with a start line ten seconds old in the ring and a 4 s threshold: the stall is
+    # due at once, and its report says how long the step has really been in flight.
+    target = subprocess.Popen(["sleep", "60"])
+    fd, writer = ring.create(None)
+    feed, feed_end = os.pipe()
+    try:
+        written = time.time() - 10.0
+        stamp = time.strftime("%H:%M:%S", time.localtime(written)) + f".{int(written % 1 * 1000):03d}"
+        writer.put(f"[importwatch {target.pid} {stamp}] > slowimp\n".encode())
+        plumbing = ["--pid", str(target.pid), "--feed", str(feed), "--ring", str(fd)]
+        began = time.monotonic()
+        watcher = subprocess.Popen(
+            [sys.executable, "-c", _WATCHER, *plumbing, "--", "--timeout", "4", "--stderr", "all"],
+            pass_fds=(fd, feed),
+            env=clean_env(),
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        os.close(fd), os.close(feed)
+        line = watcher.stderr.readline()
+        took = time.monotonic() - began
+        os.close(feed_end)  # the program's end: the watcher says the program ended, and leaves
+        watcher.communicate(timeout=30)
+    finally:
+        target.kill()
+        target.wait()
+        writer.close()
+    assert "outside:" in line and "slowimp" in line, line
+    assert re.search(r"\b1\d\.\d s\b", line), line  # in flight for ten seconds and more, not four
+    assert took < 3.5, f"the report came {took:.1f} s after the watcher started: {line}"

@@ -110,7 +110,6 @@ class Watcher(Composing):
         poller.register(self.feed, select.POLLIN)
         if self._pidfd is not None:
             poller.register(self._pidfd, select.POLLIN)
-        self.progress = time.monotonic()
         while True:
             wait = self._next_wakeup(time.monotonic())
             events = poller.poll(max(wait, 0.0) * 1000)
@@ -158,10 +157,12 @@ class Watcher(Composing):
     def take(self, data: bytes, now: float) -> None:
         """Apply the complete lines in DATA (a partial last line waits for the rest)."""
         from importwatch.events.read import parse_line
+        from importwatch.watcher.stamps import Stamps
 
         data = self._buffer + data
         lines = data.split(b"\n")
         self._buffer = lines.pop()
+        stamps = Stamps(now)  # each line timed from its stamp
         for raw in lines:
             line = raw.decode("ascii", "replace")
             if line.startswith("#"):
@@ -169,7 +170,7 @@ class Watcher(Composing):
                 continue
             event = parse_line(line)
             if event is not None:
-                self.apply(event, now)
+                self.apply(event, stamps.written(event))
 
     def _control(self, line: str) -> None:
         word, _, rest = line[1:].partition(" ")
@@ -208,7 +209,7 @@ class Watcher(Composing):
         self.busy_told = False
         if self.reports:
             self.reports = 0
-        self.progress = now
+        self.progress = max(self.progress, now)  # a stamp read against a stepped clock is NOW
         self.samples.clear()
 
     def _after_native_end(self, event: Event) -> None:
