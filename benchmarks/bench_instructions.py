@@ -1,6 +1,6 @@
 """Tracing overhead as instructions executed, counted by valgrind: a figure that machine noise cannot move.
 
-    python benchmarks/bench_instructions.py [--code "import torch"] [--timeout-off]
+    python benchmarks/bench_instructions.py [--code "import torch"] [--timeout-off] [--quiet] [--per-import N]
 
 Runs CODE once plain and once traced (IMPORTWATCH=1, every event written to a log
 file, stderr to a file; the C hook where built, its pure-Python twin under
@@ -41,6 +41,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--code", default="import torch", help='what to run (default: "import torch")')
     parser.add_argument("--timeout-off", action="store_true", help="trace with IMPORTWATCH_TIMEOUT=0")
+    parser.add_argument("--quiet", action="store_true", help="trace with --stderr stalls and no log")
+    parser.add_argument(
+        "--per-import",
+        type=int,
+        metavar="N",
+        help="CODE makes N imports: also count `pass` both ways, and print the instructions added per import",
+    )
     args = parser.parse_args()
     if shutil.which("valgrind") is None:
         raise SystemExit("bench_instructions: valgrind is not installed")
@@ -52,6 +59,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         traced = dict(base, IMPORTWATCH="1", IMPORTWATCH_LOG=str(workdir / "trace.log"))
+        if args.quiet:
+            traced["IMPORTWATCH_STDERR"] = "stalls"
+            del traced["IMPORTWATCH_LOG"]
         if pure is not None:
             traced["IMPORTWATCH_PURE"] = pure
         if args.timeout_off:
@@ -60,11 +70,18 @@ def main() -> None:
             subprocess.run([sys.executable, "-c", args.code], env=env, capture_output=True, check=True)
         plain_count = count(args.code, base, workdir)
         traced_count = count(args.code, traced, workdir)
+        if args.per_import:  # start-up, counted apart, is left out
+            start_up = count("pass", traced, workdir) - count("pass", base, workdir)
     print(f"python {sys.version.split()[0]}: {args.code!r}")
     print(f"  plain  {plain_count / 1e6:10.1f} M instructions")
     print(f"  traced {traced_count / 1e6:10.1f} M instructions")
     extra = traced_count - plain_count
     print(f"  +{extra / 1e6:.1f} M, traced/plain {traced_count / plain_count:.4f}")
+    if args.per_import:
+        each = (extra - start_up) / args.per_import
+        print(
+            f"  start-up +{start_up / 1e6:.1f} M; each of the {args.per_import} imports +{each:,.0f} instructions"
+        )
 
 
 if __name__ == "__main__":

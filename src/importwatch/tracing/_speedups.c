@@ -34,7 +34,7 @@ static PyObject *s_import, *s_import_end, *s_structured, *s_progress_due, *s_on_
     *s_check_descriptors, *s_safely, *s_internal_error, *s_event, *s_name, *s_parent, *s_ms, *s_error,
     *s_writing_a_line, *s_dunder_name, *s_progress, *s_loud, *s_log, *s_feed, *s_stderr, *s_partial,
     *s_main_thread, *s_msec, *s_prefix, *s_now, *s_set_stamp, *s_json, *s_broken, *s_closed, *s_ring, *s_mapping,
-    *s_fd, *s_modules, *s_stderr_again, *s_log_lost, *s_warn;
+    *s_fd, *s_modules, *s_stderr_again, *s_log_lost, *s_warn, *s_guards;
 
 static const struct {
     PyObject **slot;
@@ -49,7 +49,7 @@ static const struct {
     {&s_main_thread, "main_thread"}, {&s_msec, "_msec"}, {&s_prefix, "_prefix"}, {&s_now, "_now"},
     {&s_set_stamp, "_set_stamp"}, {&s_json, "json"}, {&s_broken, "broken"}, {&s_closed, "closed"},
     {&s_ring, "ring"}, {&s_mapping, "mapping"}, {&s_fd, "fd"}, {&s_modules, "modules"},
-    {&s_stderr_again, "_stderr_again"}, {&s_log_lost, "_log_lost"}, {&s_warn, "warn"},
+    {&s_stderr_again, "_stderr_again"}, {&s_log_lost, "_log_lost"}, {&s_warn, "warn"}, {&s_guards, "guards"},
 };
 
 /* The sys module, held from the first hook made: sys.modules is read from it at each import (an attribute
@@ -80,6 +80,7 @@ typedef struct {
 #include "_speedups_lines.h" /* the import's error kept, the lines' text, new steps */
 #include "_speedups_ring.h" /* the watcher's feed: its shared memory, and ring_put */
 #include "_speedups_emit.h" /* fast_emit: the lines, written as Sink.emit would */
+#include "_speedups_guards.h" /* guards_hold: our descriptors, looked at without the sink's check */
 
 /* -- the hook -------------------------------------------------------------------------------- */
 static PyObject *call_original(Hook *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
@@ -96,7 +97,14 @@ static PyObject *first_stack(Hook *self, PyObject *key) {
     PyObject *native = PyLong_FromUnsignedLong(PyThread_get_thread_native_id());
     int failed = native == NULL || PyDict_SetItem(self->native_ids, key, native) < 0;
     Py_XDECREF(native);
-    PyObject *result = failed ? NULL : PyObject_CallMethodNoArgs(self->sink, s_check_descriptors);
+    int hold = failed ? -1 : guards_hold(self);
+    PyObject *result = NULL;
+    if (hold > 0) {
+        result = Py_None;
+        Py_INCREF(result);
+    } else if (hold == 0) {
+        result = PyObject_CallMethodNoArgs(self->sink, s_check_descriptors);
+    }
     if (result == NULL) {
         Py_DECREF(stack);
         return NULL;

@@ -141,6 +141,9 @@ class Sink:
         self.log: Channel | None = None
         self.structured = False  # a JSON log writes each event's fields: only then need they be made
         self.feed: Feed | None = None
+        # (fd, device, inode) of each descriptor of ours as check_descriptors last found it, for the C
+        # hook's look without a call; None once one of ours has changed since (the check then runs).
+        self.guards: tuple[tuple[int, int, int], ...] | None = None
         self._own_threads: dict[int, str] = {}
         self._own_tids: dict[int, int] = {}  # their kernel thread ids, for a watcher started later
         self.pid = 0
@@ -185,6 +188,7 @@ class Sink:
         fd = high_descriptor(fd)
         self.log = Channel(fd, path, json=path.endswith(".jsonl"), ident=identity(fd))
         self.structured = self.log.json
+        self.guards = None
 
     def close_stderr(self) -> None:
         """Close our copy of stderr (tracing stops): nothing of ours writes to stderr after this."""
@@ -282,6 +286,10 @@ class Sink:
         feed = self.feed
         if feed is not None and not feed.closed and identity(feed.fd) != feed.ident:
             feed.closed = True  # the pipe's end told the watcher we were gone: nobody reads the ring now
+        live = [(stderr.fd, stderr.ident)] if not stderr.broken else []
+        live += [(log.fd, log.ident)] if log is not None and not log.broken else []
+        live += [(feed.fd, feed.ident)] if feed is not None and not feed.closed else []
+        self.guards = tuple((fd, *ident) for fd, ident in live if ident is not None)
 
     def _log_lost(self, log: Channel) -> None:
         if log.broken and log.ident is None:
@@ -301,6 +309,7 @@ class Sink:
 
         self.close_feed()
         self.feed = Feed(fd, ring)
+        self.guards = None
         for ident, name in self._own_threads.items():  # named before there was a watcher (a fork child's)
             self.feed.announce(ident, name, self._own_tids[ident])
 
@@ -504,6 +513,7 @@ class Sink:
         except OSError:
             return False
         stderr.broken = False
+        self.guards = None
         return True
 
     def _write(self, channel: Channel, data: bytes) -> None:
