@@ -12,8 +12,12 @@
    all of this. */
 static int guards_hold(Hook *self) {
     PyObject *guards = PyObject_GetAttr(self->sink, s_guards);
-    if (guards == NULL) {
-        return -1;
+    if (guards == NULL) { /* a sink without them: its own check says */
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError)) {
+            return -1;
+        }
+        PyErr_Clear();
+        return 0;
     }
     int hold = PyTuple_Check(guards);
     for (Py_ssize_t i = 0; hold && i < PyTuple_GET_SIZE(guards); i++) {
