@@ -30,7 +30,6 @@ MODULES = 300
 # The program's own count of its write(2) calls (/proc/self/io, every thread of it) around its imports.
 _COUNT_WRITES = """
 import sys
-import time
 def writes():
     with open('/proc/self/io') as io:
         return int(next(line for line in io if line.startswith('syscw:')).split()[1])
@@ -158,7 +157,8 @@ def test_the_watcher_times_a_step_from_its_line_s_stamp_not_from_its_reading():
             stderr=subprocess.PIPE,
             text=True,
         )
-        os.close(fd), os.close(feed)
+        os.close(fd)  # the watcher's now, as after watcher_launch's fork
+        os.close(feed)
         line = watcher.stderr.readline()
         took = time.monotonic() - began
         os.close(feed_end)  # the program's end: the watcher says the program ended, and leaves

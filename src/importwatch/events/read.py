@@ -112,6 +112,14 @@ class Event:
         return data
 
 
+def seconds_of_day(clock: str) -> float:
+    """A text line's clock, HH:MM:SS or HH:MM:SS.mmm (local time), in seconds since its midnight.
+
+    The prefix regex has checked the digits of a line's own clock; ValueError for anything else.
+    """
+    return int(clock[0:2]) * 3600 + int(clock[3:5]) * 60 + float(clock[6:])
+
+
 def parse_line(line: str) -> Event | None:
     """The event on LINE, or None for a line that is not ours or cannot be read (see read_line)."""
     try:

@@ -209,7 +209,7 @@ class Watcher(Composing):
         self.busy_told = False
         if self.reports:
             self.reports = 0
-        self.progress = max(self.progress, now)  # a stamp read against a stepped clock is NOW
+        self.progress = max(self.progress, now)  # never back: an unplaceable stamp counts as its reading
         self.samples.clear()
 
     def _after_native_end(self, event: Event) -> None:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import time
 
+from importwatch.events.read import seconds_of_day
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from importwatch.events.read import Event
@@ -35,9 +37,8 @@ class Stamps:
         if event.time is not None:  # a JSON line: seconds since the epoch
             ago = self.wall - event.time
         else:  # a text line: HH:MM:SS.mmm, local time
-            clock = event.clock
             try:
-                ago = self.of_day - (int(clock[0:2]) * 3600 + int(clock[3:5]) * 60 + float(clock[6:]))
+                ago = self.of_day - seconds_of_day(event.clock)
             except ValueError:
                 return self.now
             if ago < -43200:  # written before midnight, read after

@@ -28,7 +28,7 @@ from importwatch.events import (
     escape,
     render,
 )
-from importwatch.events.read import BadLine, Event
+from importwatch.events.read import BadLine, Event, seconds_of_day
 from importwatch.inflight import STARTED_BY, STARTS, Started, close
 from importwatch.masking import mask_argv, mask_text
 from importwatch.tools.report.logread import Skipped, read_events
@@ -254,7 +254,7 @@ class _Clock:
         """A text line's HH:MM:SS.mmm in seconds, past as many midnights as the log has crossed."""
         if clock[:8] != self.second:
             self.second = clock[:8]
-            self.base = int(clock[:2]) * 3600 + int(clock[3:5]) * 60 + int(clock[6:8])
+            self.base = seconds_of_day(self.second)
         value = self.base + int(clock[9:12]) / 1000.0 + self.days
         if self.last is not None and value < self.last - _HALF_DAY:
             self.days += _DAY
