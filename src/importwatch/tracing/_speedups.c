@@ -34,7 +34,7 @@ static PyObject *s_import, *s_import_end, *s_structured, *s_progress_due, *s_on_
     *s_check_descriptors, *s_safely, *s_internal_error, *s_event, *s_name, *s_parent, *s_ms, *s_error,
     *s_writing_a_line, *s_dunder_name, *s_progress, *s_loud, *s_log, *s_feed, *s_stderr, *s_partial,
     *s_main_thread, *s_msec, *s_prefix, *s_now, *s_set_stamp, *s_json, *s_broken, *s_closed, *s_ring, *s_mapping,
-    *s_fd, *s_modules, *s_stderr_again, *s_log_lost, *s_warn, *s_guards;
+    *s_fd, *s_modules, *s_stderr_again, *s_log_lost, *s_warn, *s_guards, *s_second, *s_clock, *s_head, *s_stamp;
 
 static const struct {
     PyObject **slot;
@@ -50,6 +50,7 @@ static const struct {
     {&s_set_stamp, "_set_stamp"}, {&s_json, "json"}, {&s_broken, "broken"}, {&s_closed, "closed"},
     {&s_ring, "ring"}, {&s_mapping, "mapping"}, {&s_fd, "fd"}, {&s_modules, "modules"},
     {&s_stderr_again, "_stderr_again"}, {&s_log_lost, "_log_lost"}, {&s_warn, "warn"}, {&s_guards, "guards"},
+    {&s_second, "_second"}, {&s_clock, "_clock"}, {&s_head, "_head"}, {&s_stamp, "_stamp"},
 };
 
 /* The sys module, held from the first hook made: sys.modules is read from it at each import (an attribute
@@ -75,8 +76,13 @@ typedef struct {
     PyObject *step_type;  /* TracedStep */
     PyObject *escape;     /* events.escape, for a name that is not printable ASCII */
     PyObject *slots[SLOTS];
+    int monotonic;         /* clock is time.monotonic itself: read here (clock_now) */
+    PyObject *sink_dict;   /* the sink's __dict__, or NULL: see _speedups_attrs.h */
+    PyObject *tracer_dict; /* the tracer's */
 } Hook;
 
+#include "_speedups_attrs.h" /* the attributes read per import, read the short way */
+#include "_speedups_clocks.h" /* time.monotonic and time.time, read in C */
 #include "_speedups_lines.h" /* the import's error kept, the lines' text, new steps */
 #include "_speedups_ring.h" /* the watcher's feed: its shared memory, and ring_put */
 #include "_speedups_emit.h" /* fast_emit: the lines, written as Sink.emit would */
@@ -110,7 +116,7 @@ static PyObject *first_stack(Hook *self, PyObject *key) {
         return NULL;
     }
     Py_DECREF(result);
-    PyObject *on_deadline = PyObject_GetAttr(self->tracer, s_on_deadline);
+    PyObject *on_deadline = tracer_get(self, s_on_deadline);
     if (on_deadline == NULL) {
         Py_DECREF(stack);
         return NULL;
@@ -138,31 +144,20 @@ static int take_out(PyObject *stack, PyObject *frame) {
     return 0;
 }
 
-/* TAIL, an end line's " 1.234 ms", as f" {ms:.3f} ms" makes it: 0, or -1 with an exception. */
-static int ms_tail(double ms, char tail[64]) {
-    char *digits = PyOS_double_to_string(ms, 'f', 3, 0, NULL);
-    if (digits == NULL) {
-        return -1;
-    }
-    PyOS_snprintf(tail, 64, " %s ms", digits);
-    PyMem_Free(digits);
-    return 0;
-}
-
 /* The end of the import: its line (the failure's through sink.event), then on_progress when due. */
 static int end_line(Hook *self, PyObject *name, PyObject *parent, PyObject *shown, Py_ssize_t depth,
                     double ms, PyObject *now, PyObject *failure) {
-    PyObject *ms_value = PyFloat_FromDouble(ms), *fields = NULL, *text = NULL, *result = NULL;
-    if (ms_value == NULL) {
-        return -1;
-    }
+    /* ms as a float for the fields of a JSON log's line or a failure's, made only for those */
+    PyObject *ms_value = NULL, *fields = NULL, *text = NULL, *result = NULL;
     if (failure == NULL) {
-        int wanted = true_attr(self->sink, s_structured); /* a JSON log: fields made only then */
+        int wanted = as_truth(sink_get(self, s_structured)); /* a JSON log: fields made only then */
         if (wanted < 0) {
             goto done;
         }
         if (wanted) {
-            fields = Py_BuildValue("{OOOOOO}", s_name, name, s_parent, parent, s_ms, ms_value);
+            ms_value = PyFloat_FromDouble(ms);
+            fields = ms_value == NULL ? NULL
+                                      : Py_BuildValue("{OOOOOO}", s_name, name, s_parent, parent, s_ms, ms_value);
             if (fields == NULL) {
                 goto done;
             }
@@ -188,7 +183,10 @@ static int end_line(Hook *self, PyObject *name, PyObject *parent, PyObject *show
             result = PyObject_Vectorcall(self->emit, args, 3, NULL);
         }
     } else {
-        fields = Py_BuildValue("{OOOOOOOO}", s_name, name, s_parent, parent, s_ms, ms_value, s_error, failure);
+        ms_value = PyFloat_FromDouble(ms);
+        fields = ms_value == NULL ? NULL
+                                  : Py_BuildValue("{OOOOOOOO}", s_name, name, s_parent, parent, s_ms, ms_value,
+                                                  s_error, failure);
         if (fields == NULL) {
             goto done;
         }
@@ -203,15 +201,17 @@ static int end_line(Hook *self, PyObject *name, PyObject *parent, PyObject *show
         goto done;
     }
     Py_CLEAR(result);
-    PyObject *due = PyObject_GetAttr(self->tracer, s_progress_due);
-    int late = due == NULL ? -1 : PyObject_RichCompareBool(now, due, Py_GE);
+    PyObject *due = tracer_get(self, s_progress_due); /* two floats, the common case: compared here */
+    int late = due == NULL                                       ? -1
+               : PyFloat_CheckExact(now) && PyFloat_CheckExact(due) ? PyFloat_AS_DOUBLE(now) >= PyFloat_AS_DOUBLE(due)
+                                                                    : PyObject_RichCompareBool(now, due, Py_GE);
     Py_XDECREF(due);
     if (late <= 0) {
         result = late < 0 ? NULL : Py_None;
         Py_XINCREF(result);
         goto done;
     }
-    PyObject *on_progress = PyObject_GetAttr(self->tracer, s_on_progress);
+    PyObject *on_progress = tracer_get(self, s_on_progress);
     if (on_progress == NULL) {
         goto done;
     }
@@ -222,7 +222,7 @@ static int end_line(Hook *self, PyObject *name, PyObject *parent, PyObject *show
         Py_DECREF(on_progress);
     }
 done:
-    Py_DECREF(ms_value);
+    Py_XDECREF(ms_value);
     Py_XDECREF(fields);
     Py_XDECREF(text);
     if (result == NULL) {
@@ -259,7 +259,7 @@ static PyObject *hook_call(PyObject *callable, PyObject *const *args, size_t nar
         return call_original(self, args, nargsf, kwnames); /* not a call the import machinery makes */
     }
     PyObject *name = args[0];
-    PyObject *modules = PyObject_GetAttr(the_sys, s_modules); /* sys.modules, as the closure reads it */
+    PyObject *modules = sys_modules(the_sys); /* as the closure reads it, at each import */
     if (modules == NULL) {
         return NULL;
     }
@@ -309,8 +309,8 @@ static PyObject *hook_call(PyObject *callable, PyObject *const *args, size_t nar
         goto fail;
     }
     Py_ssize_t depth = PyList_GET_SIZE(stack);
-    parent = depth ? PyObject_GetAttr(PyList_GET_ITEM(stack, depth - 1), s_name) : (Py_INCREF(Py_None), Py_None);
-    if (parent == NULL || (start = PyObject_CallNoArgs(self->clock)) == NULL) {
+    parent = depth ? slot_get(PyList_GET_ITEM(stack, depth - 1), s_name) : (Py_INCREF(Py_None), Py_None);
+    if (parent == NULL || (start = clock_now(self)) == NULL) {
         goto fail;
     }
     double started = PyFloat_AsDouble(start);
@@ -321,7 +321,7 @@ static PyObject *hook_call(PyObject *callable, PyObject *const *args, size_t nar
 
     /* From the push on: whatever fails, ours or the import, the step is popped and its end written. */
     {
-        int wanted = true_attr(self->sink, s_structured), fast = 0;
+        int wanted = as_truth(sink_get(self, s_structured)), fast = 0;
         PyObject *fields = NULL, *text = NULL, *result = NULL;
         if (wanted == 0) { /* a text log or none: written here in the common case */
             fast = fast_emit(self, s_import, depth, "> ", shown, NULL);
@@ -369,12 +369,12 @@ ended:
         } else {
             ours_failed = take_out(stack, frame) < 0;
         }
-        PyObject *now = ours_failed ? NULL : PyObject_CallNoArgs(self->clock);
+        PyObject *now = ours_failed ? NULL : clock_now(self);
         double ended_at = now ? PyFloat_AsDouble(now) : -1.0;
         if (now != NULL && !PyErr_Occurred()) {
             size = PyList_GET_SIZE(stack);
             if (size) {
-                ours_failed = PyObject_SetAttr(PyList_GET_ITEM(stack, size - 1), s_progress, now) < 0;
+                ours_failed = slot_set(PyList_GET_ITEM(stack, size - 1), s_progress, now) < 0;
             } else {
                 PyObject *current = PyDict_GetItemWithError(self->stacks, key);
                 if (current == stack) {
@@ -440,6 +440,8 @@ static int hook_traverse(Hook *self, visitproc visit, void *arg) {
     for (int i = 0; i < SLOTS; i++) {
         Py_VISIT(self->slots[i]);
     }
+    Py_VISIT(self->sink_dict);
+    Py_VISIT(self->tracer_dict);
     return 0;
 }
 
@@ -458,6 +460,8 @@ static int hook_clear(Hook *self) {
     for (int i = 0; i < SLOTS; i++) {
         Py_CLEAR(self->slots[i]);
     }
+    Py_CLEAR(self->sink_dict);
+    Py_CLEAR(self->tracer_dict);
     return 0;
 }
 
@@ -511,11 +515,12 @@ static PyObject *make_hook(PyObject *module, PyObject *args) {
     self->emit = emit;
     Py_INCREF(clock);
     self->clock = clock;
+    self->monotonic = is_time_builtin(clock, "monotonic");
     Py_INCREF(step_type);
     self->step_type = step_type;
     Py_INCREF(escape);
     self->escape = escape;
-    self->stacks = self->native_ids = self->on_start = self->on_end = NULL;
+    self->stacks = self->native_ids = self->on_start = self->on_end = self->sink_dict = self->tracer_dict = NULL;
     for (int i = 0; i < SLOTS; i++) {
         self->slots[i] = NULL;
     }
@@ -532,6 +537,17 @@ static PyObject *make_hook(PyObject *module, PyObject *args) {
             Py_DECREF(self);
             return NULL;
         }
+    }
+    /* The names read through the held dictionaries: a property of one of them would make getattr differ. */
+    static PyObject **const sink_names[] = {&s_structured, &s_loud, &s_log, &s_feed, &s_stderr, &s_partial,
+                                            &s_main_thread, &s_now, &s_msec, &s_prefix, &s_guards,
+                                            &s_second, &s_clock, &s_head, &s_stamp};
+    static PyObject **const tracer_names[] = {&s_progress_due, &s_on_progress, &s_on_deadline};
+    self->sink_dict = held_dict(sink, sink_names, sizeof sink_names / sizeof sink_names[0]);
+    self->tracer_dict = held_dict(tracer, tracer_names, sizeof tracer_names / sizeof tracer_names[0]);
+    if (PyErr_Occurred()) {
+        Py_DECREF(self);
+        return NULL;
     }
     if (!PyDict_CheckExact(self->stacks) || !PyDict_CheckExact(self->native_ids) || !PyDict_Check(self->on_start) ||
         !PyDict_Check(self->on_end)) {

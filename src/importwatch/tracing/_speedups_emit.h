@@ -22,34 +22,13 @@ static Py_ssize_t write_once(int fd, const char *data, size_t size) {
 }
 
 static int set_true(PyObject *object, PyObject *attribute) {
-    return PyObject_SetAttr(object, attribute, Py_True);
-}
-
-/* An attribute of OBJECT as a C long / truth value; -1 with an exception on failure. */
-static long long_attr(PyObject *object, PyObject *attribute) {
-    PyObject *value = PyObject_GetAttr(object, attribute);
-    if (value == NULL) {
-        return -1;
-    }
-    long result = PyLong_AsLong(value);
-    Py_DECREF(value);
-    return result;
-}
-
-static int true_attr(PyObject *object, PyObject *attribute) {
-    PyObject *value = PyObject_GetAttr(object, attribute);
-    if (value == NULL) {
-        return -1;
-    }
-    int result = PyObject_IsTrue(value);
-    Py_DECREF(value);
-    return result;
+    return slot_set(object, attribute, Py_True);
 }
 
 /* One write_once to the descriptor CHANNEL names (its `fd`): what write returned (-1 with errno set),
    or -2 with an exception (no fd to read, or a signal handler raised). */
 static Py_ssize_t write_to(PyObject *channel, const char *data, size_t size) {
-    long fd = long_attr(channel, s_fd);
+    long fd = as_long(slot_get(channel, s_fd));
     if (fd == -1 && PyErr_Occurred()) {
         return -2;
     }
@@ -59,8 +38,8 @@ static Py_ssize_t write_to(PyObject *channel, const char *data, size_t size) {
 /* Channel.write: all of DATA to CHANNEL unless it is broken; a failure breaks it. 0, or -1 with an
    exception (a signal handler's, or one of ours). */
 static int channel_write(PyObject *channel, const char *data, size_t size) {
-    int broken = true_attr(channel, s_broken);
-    long fd = broken ? -1 : long_attr(channel, s_fd);
+    int broken = as_truth(slot_get(channel, s_broken));
+    long fd = broken ? -1 : as_long(slot_get(channel, s_fd));
     if (broken < 0 || (fd == -1 && PyErr_Occurred())) {
         return -1;
     }
@@ -119,7 +98,7 @@ static int log_write(Hook *self, PyObject *log, const char *text, size_t size) {
     if (number == EBADF) {
         result = PyObject_CallMethodOneArg(self->sink, s_log_lost, log);
     } else {
-        PyObject *name = PyObject_GetAttr(log, s_name);
+        PyObject *name = slot_get(log, s_name);
         PyObject *message = name == NULL || set_true(log, s_broken) < 0
                                 ? NULL
                                 : PyUnicode_FromFormat("cannot write log file %U: %s; logging to stderr only",
@@ -132,18 +111,99 @@ static int log_write(Hook *self, PyObject *log, const char *text, size_t size) {
     return result == NULL ? -1 : 0;
 }
 
+/* An int as a long long; -1 with an exception when it is none or too large. A 64-bit long's conversion
+   where there is one: PyLong_AsLongLong takes a slower road for a number of more than one digit. */
+static long long as_wide(PyObject *value) {
+#if LONG_MAX >= 0x7fffffffffffffffL
+    return PyLong_AsLong(value);
+#else
+    return PyLong_AsLongLong(value);
+#endif
+}
+
+/* A str of ASCII text joined from A and B (either may be NULL: empty), then THREE digits of MSEC's
+   milliseconds when asked: a new reference, or NULL with an exception. */
+static PyObject *joined(PyObject *a, const char *b, size_t b_size, int digits, long long msec) {
+    Py_ssize_t a_size = a ? PyUnicode_GET_LENGTH(a) : 0;
+    PyObject *text = PyUnicode_New(a_size + (Py_ssize_t)b_size + (digits ? 3 : 0), 127);
+    if (text == NULL) {
+        return NULL;
+    }
+    char *out = (char *)PyUnicode_DATA(text);
+    if (a_size) {
+        memcpy(out, PyUnicode_DATA(a), (size_t)a_size);
+    }
+    memcpy(out + a_size, b, b_size);
+    if (digits) {
+        int part = (int)(msec % 1000);
+        out[a_size + b_size] = (char)('0' + part / 100);
+        out[a_size + b_size + 1] = (char)('0' + part / 10 % 10);
+        out[a_size + b_size + 2] = (char)('0' + part % 10);
+    }
+    return text;
+}
+
+static int is_ascii_str(PyObject *value) {
+    return value != NULL && PyUnicode_CheckExact(value) && PyUnicode_IS_ASCII(value);
+}
+
+/* Sink._set_stamp(MSEC) (MSEC >= 0): within the second of the last stamp, done here as it does it,
+   its HH:MM:SS. and the milliseconds; a new second is its own, for the strftime. 0, or -1 with an
+   exception. */
+static int new_stamp(Hook *self, long long msec) {
+    PyObject *number = PyLong_FromLongLong(msec), *second = NULL, *clock = NULL, *head = NULL, *stamp = NULL,
+             *prefix = NULL;
+    int result = -1;
+    if (number == NULL || (second = sink_get(self, s_second)) == NULL) {
+        goto done;
+    }
+    long long last = PyLong_Check(second) ? as_wide(second) : -1;
+    if (last == -1 && PyErr_Occurred()) {
+        goto done;
+    }
+    if (last != msec / 1000 || (clock = sink_get(self, s_clock)) == NULL || !is_ascii_str(clock) ||
+        (head = sink_get(self, s_head)) == NULL || !is_ascii_str(head)) {
+        if (PyErr_Occurred()) {
+            goto done;
+        }
+        PyObject *answer = PyObject_CallMethodOneArg(self->sink, s_set_stamp, number);
+        result = answer == NULL ? -1 : 0;
+        Py_XDECREF(answer);
+        goto done;
+    }
+    if ((stamp = joined(clock, "", 0, 1, msec)) == NULL ||
+        (prefix = joined(head, (const char *)PyUnicode_DATA(stamp), (size_t)PyUnicode_GET_LENGTH(stamp), 0, 0)) ==
+            NULL) {
+        goto done;
+    }
+    PyObject *ended = joined(prefix, "] ", 2, 0, 0);
+    Py_SETREF(prefix, ended);
+    if (prefix != NULL && sink_set(self, s_msec, number) == 0 && sink_set(self, s_stamp, stamp) == 0 &&
+        sink_set(self, s_prefix, prefix) == 0) {
+        result = 0;
+    }
+done:
+    Py_XDECREF(number);
+    Py_XDECREF(second);
+    Py_XDECREF(clock);
+    Py_XDECREF(head);
+    Py_XDECREF(stamp);
+    Py_XDECREF(prefix);
+    return result;
+}
+
 /* Whether a line of KIND goes nowhere, Sink.emit's first test: --stderr stalls or none, no log, no
    watcher, and KIND not one for stderr. 1 or 0, or -1 with an exception. The hook asks before it
    formats an import's end line, which then costs no formatting at all. */
 static int goes_nowhere(Hook *self, PyObject *kind) {
-    PyObject *loud = PyObject_GetAttr(self->sink, s_loud);
+    PyObject *loud = sink_get(self, s_loud);
     if (loud == NULL) {
         return -1;
     }
     int result = 0;
     if (PyDict_Check(loud)) { /* None: every line goes to stderr */
-        PyObject *log = PyObject_GetAttr(self->sink, s_log);
-        PyObject *feed = log == NULL ? NULL : PyObject_GetAttr(self->sink, s_feed);
+        PyObject *log = sink_get(self, s_log);
+        PyObject *feed = log == NULL ? NULL : sink_get(self, s_feed);
         if (feed == NULL) {
             result = -1;
         } else if (log == Py_None && feed == Py_None) {
@@ -163,15 +223,14 @@ static int goes_nowhere(Hook *self, PyObject *kind) {
    0: not the common case, nothing done (Sink.emit does it); -1: an exception, as emit would raise. */
 static int fast_emit(Hook *self, PyObject *kind, Py_ssize_t depth, const char *mark, PyObject *shown,
                      const char *tail) {
-    PyObject *sink = self->sink, *loud = NULL, *log = NULL, *feed = NULL, *stderr_channel = NULL, *value = NULL;
+    PyObject *loud = NULL, *log = NULL, *feed = NULL, *stderr_channel = NULL, *value = NULL;
     int result = -1, loud_kind = 1, log_on = 0, feed_on = 0, stderr_on = 0;
     char small[512], *text = small;
     if (!PyUnicode_IS_ASCII(shown)) {
         return 0;
     }
-    if ((loud = PyObject_GetAttr(sink, s_loud)) == NULL || (log = PyObject_GetAttr(sink, s_log)) == NULL ||
-        (feed = PyObject_GetAttr(sink, s_feed)) == NULL ||
-        (stderr_channel = PyObject_GetAttr(sink, s_stderr)) == NULL) {
+    if ((loud = sink_get(self, s_loud)) == NULL || (log = sink_get(self, s_log)) == NULL ||
+        (feed = sink_get(self, s_feed)) == NULL) {
         goto done;
     }
     if (loud != Py_None) { /* --stderr stalls or none: whether this kind goes to stderr, decided already */
@@ -187,7 +246,7 @@ static int fast_emit(Hook *self, PyObject *kind, Py_ssize_t depth, const char *m
         }
     }
     unsigned long main_thread = 0;
-    if ((value = PyObject_GetAttr(sink, s_main_thread)) == NULL ||
+    if ((stderr_channel = sink_get(self, s_stderr)) == NULL || (value = sink_get(self, s_main_thread)) == NULL ||
         ((main_thread = PyLong_AsUnsignedLong(value)) == (unsigned long)-1 && PyErr_Occurred())) {
         goto done;
     }
@@ -197,8 +256,8 @@ static int fast_emit(Hook *self, PyObject *kind, Py_ssize_t depth, const char *m
         goto done;
     }
     if (log != Py_None) {
-        int broken = true_attr(log, s_broken);
-        int json = broken ? 0 : true_attr(log, s_json);
+        int broken = as_truth(slot_get(log, s_broken));
+        int json = broken ? 0 : as_truth(slot_get(log, s_json));
         if (broken < 0 || json < 0) {
             goto done;
         }
@@ -209,15 +268,15 @@ static int fast_emit(Hook *self, PyObject *kind, Py_ssize_t depth, const char *m
         log_on = !broken;
     }
     if (feed != Py_None) {
-        int closed = true_attr(feed, s_closed);
+        int closed = as_truth(slot_get(feed, s_closed));
         if (closed < 0) {
             goto done;
         }
         feed_on = !closed;
     }
     if (loud_kind) {
-        int broken = true_attr(stderr_channel, s_broken);
-        int partial = broken ? 0 : true_attr(sink, s_partial);
+        int broken = as_truth(slot_get(stderr_channel, s_broken));
+        int partial = broken ? 0 : as_truth(sink_get(self, s_partial));
         if (broken < 0 || partial < 0) {
             goto done;
         }
@@ -229,11 +288,14 @@ static int fast_emit(Hook *self, PyObject *kind, Py_ssize_t depth, const char *m
     }
 
     /* The stamp, made anew by the sink (_set_stamp) once a millisecond; then the line. */
-    PyObject *clock = PyObject_GetAttr(sink, s_now);
-    value = clock == NULL ? NULL : PyObject_CallNoArgs(clock);
+    PyObject *clock = sink_get(self, s_now); /* time.time: read here as it reads it */
+    double now = clock != NULL && is_time_builtin(clock, "time") ? seconds_of(CLOCK_REALTIME) : -1.0;
+    if (clock != NULL && now < 0.0) {
+        value = PyObject_CallNoArgs(clock);
+        now = value == NULL ? -1.0 : PyFloat_AsDouble(value);
+    }
     Py_XDECREF(clock);
-    double now = value == NULL ? -1.0 : PyFloat_AsDouble(value);
-    if (value == NULL || (now == -1.0 && PyErr_Occurred())) {
+    if (clock == NULL || (now == -1.0 && PyErr_Occurred())) {
         goto done;
     }
     Py_CLEAR(value);
@@ -243,21 +305,14 @@ static int fast_emit(Hook *self, PyObject *kind, Py_ssize_t depth, const char *m
         goto done;
     }
     long long msec = (long long)scaled, stamped; /* int(now * 1000) */
-    if ((value = PyObject_GetAttr(sink, s_msec)) == NULL ||
-        ((stamped = PyLong_AsLongLong(value)) == -1 && PyErr_Occurred())) {
+    if ((value = sink_get(self, s_msec)) == NULL || ((stamped = as_wide(value)) == -1 && PyErr_Occurred())) {
         goto done;
     }
     Py_CLEAR(value);
-    if (stamped != msec) {
-        PyObject *number = PyLong_FromLongLong(msec);
-        value = number == NULL ? NULL : PyObject_CallMethodOneArg(sink, s_set_stamp, number);
-        Py_XDECREF(number);
-        if (value == NULL) {
-            goto done;
-        }
-        Py_CLEAR(value);
+    if (stamped != msec && new_stamp(self, msec) < 0) {
+        goto done;
     }
-    if ((value = PyObject_GetAttr(sink, s_prefix)) == NULL) {
+    if ((value = sink_get(self, s_prefix)) == NULL) {
         goto done;
     }
     size_t prefix_size = PyUnicode_Check(value) && PyUnicode_IS_ASCII(value) ? (size_t)PyUnicode_GET_LENGTH(value) : 0;

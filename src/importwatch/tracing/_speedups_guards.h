@@ -11,7 +11,7 @@
    sets guards anew. The closure calls that check each time; its stat_result alone costs more than
    all of this. */
 static int guards_hold(Hook *self) {
-    PyObject *guards = PyObject_GetAttr(self->sink, s_guards);
+    PyObject *guards = sink_get(self, s_guards);
     if (guards == NULL) { /* a sink without them: its own check says */
         if (!PyErr_ExceptionMatches(PyExc_AttributeError)) {
             return -1;

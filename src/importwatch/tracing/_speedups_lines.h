@@ -4,6 +4,8 @@
  * Included once by _speedups.c, after its Hook: one translation unit, so every function here
  * stays static. Not compiled on its own. */
 
+#include <float.h> /* LDBL_MANT_DIG */
+
 /* -- exceptions, the same way on every version (PyErr_Fetch is deprecated from 3.12) ----------- */
 typedef struct {
     PyObject *type, *value, *traceback;
@@ -85,6 +87,43 @@ static PyObject *line(Py_ssize_t depth, const char *mark, PyObject *shown, const
     return text;
 }
 
+/* TAIL, an end line's " 1.234 ms", as f" {ms:.3f} ms" makes it: 0, or -1 with an exception.
+
+   That format rounds the double's exact value to three decimals, a tie to the even digit. Where a long
+   double holds 64 bits of mantissa (x86), ms * 1000 is exact in one (53 bits times 10), so its fraction
+   tells the rounding exactly, and the digits are written here; elsewhere, and for the odd value, Python's
+   own conversion writes them. */
+static int ms_tail(double ms, char tail[64]) {
+#if LDBL_MANT_DIG >= 64
+    if (ms >= 0.0 && ms < 1e12) {
+        long double scaled = (long double)ms * 1000.0L;
+        unsigned long long whole = (unsigned long long)scaled; /* below 2^50: exact */
+        long double fraction = scaled - (long double)whole;
+        whole += fraction > 0.5L || (fraction == 0.5L && (whole & 1));
+        char digits[32], *out = digits + sizeof digits;
+        for (int place = 0; place <= 3 || whole > 0; place++) {
+            if (place == 3) {
+                *--out = '.';
+            }
+            *--out = (char)('0' + whole % 10);
+            whole /= 10;
+        }
+        size_t size = (size_t)(digits + sizeof digits - out);
+        tail[0] = ' ';
+        memcpy(tail + 1, out, size);
+        memcpy(tail + 1 + size, " ms", 4); /* with its NUL */
+        return 0;
+    }
+#endif
+    char *digits = PyOS_double_to_string(ms, 'f', 3, 0, NULL);
+    if (digits == NULL) {
+        return -1;
+    }
+    PyOS_snprintf(tail, 64, " %s ms", digits);
+    PyMem_Free(digits);
+    return 0;
+}
+
 /* NAME as the lines show it: itself when printable ASCII (str.isascii() and str.isprintable()), else escaped. */
 static PyObject *shown_name(Hook *self, PyObject *name) {
     if (PyUnicode_IS_ASCII(name)) {
@@ -111,7 +150,12 @@ static PyObject *new_step(Hook *self, PyObject *name, PyObject *start) {
     PyObject *values[SLOTS] = {name, s_import, start, start, Py_None, Py_None};
     for (int i = 0; i < SLOTS; i++) {
         PyObject *slot = self->slots[i];
-        if (Py_TYPE(slot)->tp_descr_set(slot, step, values[i]) < 0) {
+        PyMemberDef *member = ((PyMemberDescrObject *)slot)->d_member;
+        if (member->type == T_OBJECT_EX && member->flags == 0) { /* an object slot, empty: member_set's store */
+            PyObject **address = (PyObject **)((char *)step + member->offset);
+            Py_INCREF(values[i]);
+            Py_XSETREF(*address, values[i]);
+        } else if (Py_TYPE(slot)->tp_descr_set(slot, step, values[i]) < 0) {
             Py_DECREF(step);
             return NULL;
         }

@@ -71,8 +71,8 @@ static PyObject *shared_memory(PyObject *module, PyObject *args) {
 /* ring.Ring.put(TEXT) for FEED's ring (feed.ring.mapping): the bytes, then HEAD. 0, or -1 with an
    exception. The GIL is held throughout: it is what keeps the program's threads to one writer. */
 static int ring_put(PyObject *feed, const char *text, size_t size) {
-    PyObject *ring = PyObject_GetAttr(feed, s_ring);
-    PyObject *mapping = ring == NULL ? NULL : PyObject_GetAttr(ring, s_mapping);
+    PyObject *ring = slot_get(feed, s_ring);
+    PyObject *mapping = ring == NULL ? NULL : slot_get(ring, s_mapping);
     Py_XDECREF(ring);
     if (mapping == NULL) {
         return -1;
