@@ -157,20 +157,56 @@ os.execv(sys.argv[1], sys.argv[1:])
 """
 
 
-def _commands(script: Path) -> dict[str, tuple[list[str], dict[str, str]]]:
+def _commands(script: Path, **env: str) -> dict[str, tuple[list[str], dict[str, str]]]:
     """The program as plain python, the runner (watcher on by default) and IMPORTWATCH=1 with the watcher."""
     return {
         "plain": ([sys.executable, str(script)], clean_env()),
-        "runner": ([sys.executable, "-m", "importwatch", str(script)], clean_env()),
-        "variable": ([sys.executable, str(script)], clean_env(IMPORTWATCH="1", IMPORTWATCH_WATCHER="1")),
+        "runner": ([sys.executable, "-m", "importwatch", str(script)], clean_env(**env)),
+        "variable": (
+            [sys.executable, str(script)],
+            clean_env(IMPORTWATCH="1", IMPORTWATCH_WATCHER="1", **env),
+        ),
     }
 
 
+# The watcher is started without a copy of the program where the C accelerator is built (one clone
+# sharing its memory), by a double fork in the pure-Python twin: both ways, the same outcome.
+LAUNCHES = pytest.mark.parametrize(
+    "launch", [{"IMPORTWATCH_PURE": "0"}, {"IMPORTWATCH_PURE": "1"}], ids=["C", "pure"]
+)
+
+# A module that sleeps past the threshold (the watcher's outside view says so), then a wait for children.
+SLEEPS_THEN_WAITS = """
+    import nap
+""" + WAITS.lstrip("\n")
+
+
 @pytest.mark.timeout(120)
-def test_a_child_subreaper_gets_no_watcher_child(tmp_path: Path) -> None:
+@LAUNCHES
+def test_the_watcher_reports_from_outside_and_is_never_the_programs_child(
+    tmp_path: Path, launch: dict[str, str]
+) -> None:
+    write(tmp_path, "import time\ntime.sleep(1.2)\n", "nap.py")
+    script = write(tmp_path, SLEEPS_THEN_WAITS)
+    for mode, (command, env) in _commands(script, IMPORTWATCH_TIMEOUT="0.4", **launch).items():
+        result = subprocess.run(command, capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
+        assert (result.returncode, result.stdout) == (0, "no child\n"), (mode, result.stderr[-2000:])
+        outside = [line for line in result.stderr.splitlines() if "] outside: " in line]
+        if mode == "plain":
+            assert result.stderr == ""
+        else:
+            assert any("outside: waiting" in line and "nap" in line for line in outside), (
+                mode,
+                result.stderr,
+            )
+
+
+@pytest.mark.timeout(120)
+@LAUNCHES
+def test_a_child_subreaper_gets_no_watcher_child(tmp_path: Path, launch: dict[str, str]) -> None:
     script = write(tmp_path, WAITS)
     reaper = write(tmp_path, SUBREAPER, "reaper.py")
-    for mode, (command, env) in _commands(script).items():
+    for mode, (command, env) in _commands(script, **launch).items():
         result = subprocess.run(
             [sys.executable, str(reaper), *command], capture_output=True, text=True, timeout=60, env=env
         )

@@ -87,6 +87,7 @@ typedef struct {
 #include "_speedups_ring.h" /* the watcher's feed: its shared memory, and ring_put */
 #include "_speedups_emit.h" /* fast_emit: the lines, written as Sink.emit would */
 #include "_speedups_guards.h" /* guards_hold: our descriptors, looked at without the sink's check */
+#include "_speedups_spawn.h" /* spawn_detached: the watcher started without a copy of the program */
 
 /* -- the hook -------------------------------------------------------------------------------- */
 static PyObject *call_original(Hook *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
@@ -569,6 +570,10 @@ static PyMethodDef methods[] = {
     {"find_and_load", make_hook, METH_VARARGS,
      "find_and_load(original, tracer, sink, emit, clock, step_type, escape): importlib's ORIGINAL "
      "_find_and_load, traced for TRACER as Tracer._make_find_and_load's closure does, with no frame."},
+    {"spawn_detached", spawn_detached, METH_VARARGS,
+     "spawn_detached(executable, argv, env, stderr_fd, keep): the watcher started, orphaned at once, without a "
+     "copy of this process (watcher_launch.launch); its pid."},
+    {"child_subreaper", child_subreaper, METH_NOARGS, "child_subreaper(): whether this process adopts orphans."},
     {"shared_memory", shared_memory, METH_VARARGS,
      "shared_memory(fd, size): SIZE bytes of FD mapped shared and writable, as a buffer (ring.create)."},
     {NULL, NULL, 0, NULL},

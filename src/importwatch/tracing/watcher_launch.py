@@ -11,9 +11,13 @@ How it is started (launch(), in the traced process, at activation):
 - a pipe tells the watcher of the end: nothing is written to it, and the watcher sees
   its end when the program exits or execs (the write end is close-on-exec). The traced
   process keeps the write end only; the lock on it is what hush takes;
-- the watcher is double-forked (fork; the child forks the watcher and leaves at once): it
-  is never the program's child, so the program's own os.wait() never sees it and it
-  never becomes the program's zombie. It runs `python -I -S`, in its own session,
+- the watcher is started through an intermediate process that leaves at once: it is
+  never the program's child, so the program's own os.wait() never sees it and it never
+  becomes the program's zombie. With the C accelerator both processes share the
+  program's memory until the exec (_speedups.spawn_detached: no copy of its page
+  tables, which for a fork child of a process with torch loaded cost 10-20 ms); the
+  pure-Python twin double-forks, the watcher-to-be waiting for a go once the program
+  has seen it was not adopted. It runs `python -I -S`, in its own session,
   with stdin and stdout on /dev/null; the stderr it holds is a dup of the program's,
   because the death line must still reach it after the program is gone. So it
   exits as soon as the program does (end of the feed, or the pidfd), and a
@@ -52,6 +56,7 @@ _PACKAGE_ROOT = os.path.dirname(
 )  # above importwatch/tracing/
 # fcntl, once the watcher is launched (see hush).
 _fcntl: Any = None
+_ADOPTED = "this process is a child subreaper, so the watcher would be its child (its os.wait() would see it)"
 _BOOT = "import sys; sys.path.insert(0, sys.argv.pop(1)); from importwatch.watcher.loop import main; sys.exit(main())"
 
 
@@ -63,6 +68,9 @@ def launch(sink: Sink, settings: Settings) -> str | None:
         return refused
     from importwatch.tracing import hook, ring
 
+    spawn = hook.ACCELERATOR if hasattr(hook.ACCELERATOR, "spawn_detached") else None
+    if spawn is not None and spawn.child_subreaper():
+        return _ADOPTED
     try:
         ring_fd, feed_ring = ring.create(hook.ACCELERATOR)
     except (AttributeError, OSError) as error:  # no memfd_create (Linux < 3.17), or no memory
@@ -103,9 +111,28 @@ def launch(sink: Sink, settings: Settings) -> str | None:
     env, options = config.for_child(settings.replace(log=sink.log_path if log_fd is not None else None))
     argv += ["--", *options]
     stderr = sink.stderr.fd  # the pytest plugin writes to a copy of stderr taken before capture
+    inherited = (read_fd, ring_fd, log_fd)
+    if spawn is not None:  # the C way: nothing copied, and no go needed (the subreaper was asked first)
+        try:
+            spawn.spawn_detached(
+                os.fsencode(executable),
+                [os.fsencode(word) for word in argv],
+                [os.fsencode(name) + b"=" + os.fsencode(value) for name, value in env.items()],
+                stderr,
+                tuple(fd for fd in inherited if fd is not None),
+            )
+        except OSError:
+            os.close(write_fd)
+            feed_ring.close()
+            return "it could not be spawned"
+        finally:
+            os.close(ring_fd)  # the watcher holds its own; the program, only the mapping
+            os.close(read_fd)
+        sink.attach_feed(write_fd, feed_ring)
+        return None
     # The watcher-to-be waits for a go on GO.
     go_read, go_write = os.pipe()
-    watcher = _double_fork(executable, argv, env, stderr, (go_read, go_write), (read_fd, ring_fd, log_fd))
+    watcher = _double_fork(executable, argv, env, stderr, (go_read, go_write), inherited)
     os.close(ring_fd)  # the watcher-to-be holds its own; the program, only the mapping
     os.close(read_fd)  # the watcher's too
     # Orphaned by the intermediate child, the watcher goes to the nearest child subreaper: if that
@@ -117,9 +144,7 @@ def launch(sink: Sink, settings: Settings) -> str | None:
             os.waitpid(watcher, 0)  # reaped here: the program's os.wait() never sees it
         os.close(write_fd)
         feed_ring.close()
-        if adopted:
-            return "this process is a child subreaper, so the watcher would be its child (its os.wait() would see it)"
-        return "it could not be spawned"
+        return _ADOPTED if adopted else "it could not be spawned"
     os.write(go_write, b"1")
     os.close(go_write)
     sink.attach_feed(write_fd, feed_ring)
