@@ -26,11 +26,10 @@ import _frozen_importlib as _bootstrap
 import _thread
 import os
 import sys
-import types
 
 from importwatch.events import IMPORT, IMPORT_END
 from importwatch.tracing.forklocks import forgotten_in_parent, note_locks_at_fork, owner_text
-from importwatch.tracing.hook import WAITING, TracedStep, as_importlib_frame
+from importwatch.tracing.hook import WAITING, FunctionType, TracedStep, as_importlib_frame
 from importwatch.tracing.sink import CLOCKS
 
 _OURS = ("importwatch.", "_importwatch_boot")  # the package itself is imported before tracing starts
@@ -167,7 +166,7 @@ class Doors:
             return
         self._loader_classes.add(klass)
         original = vars(klass)["exec_module"]
-        if not isinstance(original, types.FunctionType):
+        if not isinstance(original, FunctionType):
             return  # a static or class method, or one in C: left alone
         stacks = self.tracer.stacks
         get_ident = _thread.get_ident

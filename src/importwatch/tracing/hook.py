@@ -18,7 +18,6 @@ import _frozen_importlib as _bootstrap
 import _thread
 import os
 import sys
-import types
 
 from importwatch.events import IMPORT_END, STEP, STEP_END, VERDICT, escape
 from importwatch.tracing.forklocks import owner_text
@@ -51,6 +50,8 @@ _PHASE_OF_FRAME = {
 }
 
 IMPORTLIB_FILENAME = _bootstrap._find_and_load.__code__.co_filename
+# types.FunctionType, without importing types at start-up (plain python has not).
+FunctionType = type(lambda: None)
 NEVER = float("inf")
 
 # The environment variable that makes the tracer use the pure-Python hook even where the C one is built.
@@ -154,7 +155,7 @@ def as_importlib_frame(function: Callable, name: str | None = None) -> Callable:
     """
     code = function.__code__
     code = code.replace(co_filename=IMPORTLIB_FILENAME, co_name=code.co_name if name is None else name)
-    clone = types.FunctionType(
+    clone = FunctionType(
         code, function.__globals__, function.__name__, function.__defaults__, function.__closure__
     )
     clone.__qualname__ = function.__qualname__
