@@ -121,10 +121,10 @@ def launch(sink: Sink, settings: Settings) -> str | None:
                 stderr,
                 tuple(fd for fd in inherited if fd is not None),
             )
-        except OSError:
+        except (OSError, ValueError) as error:  # ValueError: a descriptor it cannot pass on
             os.close(write_fd)
             feed_ring.close()
-            return "it could not be spawned"
+            return f"it could not be spawned ({error})"
         finally:
             os.close(ring_fd)  # the watcher holds its own; the program, only the mapping
             os.close(read_fd)
