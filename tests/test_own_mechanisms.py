@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import signal
@@ -199,6 +200,39 @@ def test_the_watcher_reports_from_outside_and_is_never_the_programs_child(
                 mode,
                 result.stderr,
             )
+
+
+# A sandbox may refuse the C way's clone (seccomp): the double fork then starts the watcher.
+REFUSED_CLONE = """
+    from importwatch.tracing import hook
+
+    def refused(*args):
+        raise PermissionError(1, "clone refused")
+
+    hook.ACCELERATOR.spawn_detached = refused
+    import importwatch
+    importwatch.install(timeout=0.4)
+    import nap
+""" + WAITS.lstrip("\n")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(
+    importlib.util.find_spec("importwatch.tracing._speedups") is None,
+    reason="the C accelerator is not built here",
+)
+def test_where_the_c_start_is_refused_the_double_fork_starts_the_watcher(tmp_path: Path) -> None:
+    write(tmp_path, "import time\ntime.sleep(1.2)\n", "nap.py")
+    script = write(tmp_path, REFUSED_CLONE)
+    env = clean_env(IMPORTWATCH_WATCHER="1", IMPORTWATCH_PURE="0")
+    result = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert (result.returncode, result.stdout) == (0, "no child\n"), result.stderr[-2000:]
+    assert "no watcher process" not in result.stderr
+    assert any("outside: waiting" in line and "nap" in line for line in result.stderr.splitlines()), (
+        result.stderr
+    )
 
 
 @pytest.mark.timeout(120)

@@ -16,8 +16,8 @@ How it is started (launch(), in the traced process, at activation):
   becomes the program's zombie. With the C accelerator both processes share the
   program's memory until the exec (_speedups.spawn_detached: no copy of its page
   tables, which for a fork child of a process with torch loaded cost 10-20 ms); the
-  pure-Python twin double-forks, the watcher-to-be waiting for a go once the program
-  has seen it was not adopted. It runs `python -I -S`, in its own session,
+  pure-Python twin double-forks (as does the C way where a sandbox refuses its clone),
+  the watcher-to-be waiting for a go once the program has seen it was not adopted. It runs `python -I -S`, in its own session,
   with stdin and stdout on /dev/null; the stderr it holds is a dup of the program's,
   because the death line must still reach it after the program is gone. So it
   exits as soon as the program does (end of the feed, or the pidfd), and a
@@ -112,22 +112,9 @@ def launch(sink: Sink, settings: Settings) -> str | None:
     argv += ["--", *options]
     stderr = sink.stderr.fd  # the pytest plugin writes to a copy of stderr taken before capture
     inherited = (read_fd, ring_fd, log_fd)
-    if spawn is not None:  # the C way: nothing copied, and no go needed (the subreaper was asked first)
-        try:
-            spawn.spawn_detached(
-                os.fsencode(executable),
-                [os.fsencode(word) for word in argv],
-                [os.fsencode(name) + b"=" + os.fsencode(value) for name, value in env.items()],
-                stderr,
-                tuple(fd for fd in inherited if fd is not None),
-            )
-        except (OSError, ValueError) as error:  # ValueError: a descriptor it cannot pass on
-            os.close(write_fd)
-            feed_ring.close()
-            return f"it could not be spawned ({error})"
-        finally:
-            os.close(ring_fd)  # the watcher holds its own; the program, only the mapping
-            os.close(read_fd)
+    if spawn is not None and _spawned(spawn, executable, argv, env, stderr, inherited):
+        os.close(ring_fd)  # the watcher holds its own; the program, only the mapping
+        os.close(read_fd)  # the watcher's too
         sink.attach_feed(write_fd, feed_ring)
         return None
     # The watcher-to-be waits for a go on GO.
@@ -149,6 +136,30 @@ def launch(sink: Sink, settings: Settings) -> str | None:
     os.close(go_write)
     sink.attach_feed(write_fd, feed_ring)
     return None
+
+
+def _spawned(
+    spawn: Any,
+    executable: str,
+    argv: list[str],
+    env: dict[str, str],
+    stderr: int,
+    inherited: tuple[int | None, ...],
+) -> bool:
+    """The C way (_speedups.spawn_detached): nothing of the program copied, no go needed (the subreaper
+    was asked first). False where it could not start the watcher (a sandbox that refuses clone with
+    shared memory, say): then the double fork tries."""
+    try:
+        spawn.spawn_detached(
+            os.fsencode(executable),
+            [os.fsencode(word) for word in argv],
+            [os.fsencode(name) + b"=" + os.fsencode(value) for name, value in env.items()],
+            stderr,
+            tuple(fd for fd in inherited if fd is not None),
+        )
+    except (OSError, ValueError):  # ValueError: a descriptor it cannot pass on
+        return False
+    return True
 
 
 def _refused(executable: str) -> str | None:
