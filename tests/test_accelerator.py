@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import random
 import re
 import subprocess
 import sys
+import time
 import zipfile
 from pathlib import Path
 
 import pytest
 
 from helpers import ROOT, clean_env, deep_import_chain, importwatch
+from importwatch.events.read import seconds_of_day
 from test_side_by_side import _ours_removed, three_ways
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]  # every test here starts processes
@@ -107,6 +110,42 @@ def test_the_accelerator_writes_the_pure_python_hook_s_lines_byte_for_byte(
         assert b"] < broken X ms failed ValueError: bad cr\\xe8me\n" in _masked(logs["C"])
         assert b"missing_module" in logs["C"] and b"worker_1] > threaded\n" in logs["C"]
         assert _masked(logs["C"]) == _masked(logs["pure"])
+
+
+@needs_accelerator
+def test_the_accelerator_writes_durations_and_stamps_as_python_does(tmp_path: Path) -> None:
+    from importwatch.tracing import _speedups
+
+    # Durations: f"{ms:.3f}" rounds the exact binary value, a tie to the even digit; the C hook its own way.
+    rng = random.Random(25)
+    values = [0.0, 0.0005, 0.0015, 0.0625, 0.1875, 2.5, 999.9995, 1e-9, 123456.7890005, 1e11, 2e12]
+    values += [k / 1024 for k in range(4096)] + [k * 0.0005 for k in range(4096)]
+    values += [rng.uniform(0, 50) for _ in range(20000)] + [rng.expovariate(0.01) for _ in range(20000)]
+    wrong = [ms for ms in values if _speedups.duration_text(ms) != f" {ms:.3f} ms"]
+    assert wrong == [], wrong[:5]
+    # Stamps: made in C within a second (new_stamp), by Sink._set_stamp at each new one; the log's must
+    # read as the wall clock did, in order, to the millisecond.
+    for index in range(300):
+        (tmp_path / f"m{index}.py").write_text("x = 1\n")
+    (tmp_path / "main.py").write_text("".join(f"import m{index}\n" for index in range(300)))
+    log = tmp_path / "trace.log"
+    before = time.time()
+    run = importwatch("--no-watcher", "--log", str(log), "main.py", cwd=tmp_path, env=clean_env(**C))
+    after = time.time()
+    assert run.returncode == 0, run.stderr
+    stamps = [
+        seconds_of_day(match.group(1))
+        for match in re.finditer(r"^\[importwatch \d+ (\d\d:\d\d:\d\d\.\d\d\d)\] [<>]", log.read_text(), re.M)
+    ]
+    assert len(stamps) >= 600, len(stamps)  # the 300 imports' lines, and the .pth lines' steps
+    if time.localtime(before).tm_mday != time.localtime(after).tm_mday:
+        pytest.skip("the run crossed a midnight")
+    start = seconds_of_day(time.strftime("%H:%M:%S", time.localtime(before))) + before % 1
+    assert stamps == sorted(stamps)
+    assert start - 0.002 <= stamps[0] and stamps[-1] <= start + (after - before) + 0.002, (
+        start,
+        stamps[::100],
+    )
 
 
 # The C hook's own writer hands these to Sink.emit, or meets them itself: the same bytes either way.

@@ -574,6 +574,8 @@ static PyMethodDef methods[] = {
      "spawn_detached(executable, argv, env, stderr_fd, keep): the watcher started, orphaned at once, without a "
      "copy of this process (watcher_launch.launch); its pid."},
     {"child_subreaper", child_subreaper, METH_NOARGS, "child_subreaper(): whether this process adopts orphans."},
+    {"duration_text", duration_text, METH_O,
+     "duration_text(ms): an end line's tail, as the hook writes it (f\" {ms:.3f} ms\"): for the twins' test."},
     {"shared_memory", shared_memory, METH_VARARGS,
      "shared_memory(fd, size): SIZE bytes of FD mapped shared and writable, as a buffer (ring.create)."},
     {NULL, NULL, 0, NULL},

@@ -56,11 +56,12 @@ static int slot_set(PyObject *object, PyObject *name, PyObject *value) {
     return 0;
 }
 
-/* OBJECT's __dict__ when reading NAMES from it gives what getattr gives (a plain getattr, and no data
-   descriptor of those names on the type), else NULL; a new reference. NULL with an exception on failure. */
+/* OBJECT's __dict__ when reading and storing NAMES there gives what getattr and setattr give (both plain,
+   and no data descriptor of those names on the type), else NULL; a new reference. NULL with an exception on
+   failure. */
 static PyObject *held_dict(PyObject *object, PyObject **const names[], size_t count) {
     PyTypeObject *type = Py_TYPE(object);
-    if (type->tp_getattro != PyObject_GenericGetAttr) {
+    if (type->tp_getattro != PyObject_GenericGetAttr || type->tp_setattro != PyObject_GenericSetAttr) {
         return NULL;
     }
     for (size_t i = 0; i < count; i++) {

@@ -124,6 +124,17 @@ static int ms_tail(double ms, char tail[64]) {
     return 0;
 }
 
+/* duration_text(ms): ms_tail's text, so that a test can hold it to Python's own format. */
+static PyObject *duration_text(PyObject *module, PyObject *value) {
+    (void)module;
+    double ms = PyFloat_AsDouble(value);
+    char tail[64];
+    if ((ms == -1.0 && PyErr_Occurred()) || ms_tail(ms, tail) < 0) {
+        return NULL;
+    }
+    return PyUnicode_FromString(tail);
+}
+
 /* NAME as the lines show it: itself when printable ASCII (str.isascii() and str.isprintable()), else escaped. */
 static PyObject *shown_name(Hook *self, PyObject *name) {
     if (PyUnicode_IS_ASCII(name)) {

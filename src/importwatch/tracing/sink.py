@@ -448,7 +448,8 @@ class Sink:
         """HH:MM:SS.mmm, with strftime once a second at most.
 
         Most events fall in a millisecond of their own, so this runs for most lines:
-        the milliseconds are cut from str(1000 + ms), cheaper than a format spec.
+        the milliseconds are cut from str(1000 + ms), cheaper than a format spec. The C
+        hook has a twin of the same-second case (new_stamp in _speedups_emit.h): change both.
         """
         self._msec = msec
         second = msec // 1000
