@@ -166,6 +166,42 @@ def test_the_interpreter_s_flags_reach_the_program(tmp_path: Path) -> None:
     assert "import time:" in traced.stderr and traced.stderr.rstrip().endswith("| json")
 
 
+EVERY_FLAG = "import sys; print(sys.flags); print(sys.warnoptions); print(sys._xoptions)"
+
+
+def test_every_flag_and_x_option_reaches_the_program_as_python_gives_them(tmp_path: Path) -> None:
+    """Not only CPython's short list of -X options (subprocess's): an option of the program's own, and
+    the ones that list leaves out, which change what the program does (int_max_str_digits)."""
+    flags = ["-B", "-OO", "-b", "-s", "-W", "error", "-W", "ignore::UserWarning", "-X", "dev", "-X", "foo=1"]
+    flags += ["-X", "utf8", "-X", "no_debug_ranges", "-X", "int_max_str_digits=5000", "-X", "bar"]
+    if sys.version_info >= (3, 11):
+        flags.append("-P")
+    env = clean_env(PYTHONWARNINGS="ignore::DeprecationWarning")
+    plain = subprocess.run(
+        [sys.executable, *flags, "-c", EVERY_FLAG],
+        cwd=tmp_path, capture_output=True, text=True, env=env, timeout=60,
+    )  # fmt: skip
+    traced = subprocess.run(
+        [sys.executable, *flags, "-m", "importwatch", *QUIET, "-c", EVERY_FLAG],
+        cwd=tmp_path, capture_output=True, text=True, env=env, timeout=60,
+    )  # fmt: skip
+    assert "'foo': '1'" in plain.stdout and "int_max_str_digits=5000" in plain.stdout, plain.stderr
+    assert (traced.returncode, traced.stdout) == (0, plain.stdout), traced.stderr
+
+
+def test_the_runner_s_start_imports_no_subprocess(tmp_path: Path) -> None:
+    """The runner's own interpreter, which the exec replaces, stays light: subprocess (with signal,
+    enum, selectors, threading) is not imported to learn the interpreter's flags."""
+    traced = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "importwatch", *QUIET, "-c", "pass"],
+        cwd=tmp_path, capture_output=True, text=True, env=clean_env(), timeout=60,
+    )  # fmt: skip
+    assert traced.returncode == 0, traced.stderr
+    runner_side = traced.stderr.split("| importwatch.cli")[0]  # what the runner imported, up to the CLI
+    assert "| importwatch.tracing.runner" in runner_side
+    assert "| subprocess\n" not in traced.stderr and "| selectors\n" not in traced.stderr
+
+
 # -- where the exec cannot trace: the program runs in the runner's process -----------------------
 @pytest.mark.parametrize("flag", ["-I", "-S"])
 def test_under_a_flag_that_stops_the_pth_the_runner_traces_in_its_own_process(

@@ -275,17 +275,58 @@ def why_in_process() -> str | None:
     return None
 
 
-def interpreter_flags() -> list[str]:
-    """This interpreter's own flags (-B, -O, -W, -X ...), as the command line of another one."""
-    import subprocess  # replaced by the exec, which is the only reason it is imported
+# sys.flags fields that a repeated letter sets (-vv is verbose=2), in CPython's order (subprocess's).
+_COUNTED_FLAGS = (
+    ("optimize", "O"),
+    ("debug", "d"),
+    ("dont_write_bytecode", "B"),
+    ("no_site", "S"),
+    ("verbose", "v"),
+    ("bytes_warning", "b"),
+    ("quiet", "q"),
+)
 
-    flags = subprocess._args_from_interpreter_flags()  # type: ignore[attr-defined]
+
+def interpreter_flags() -> list[str]:
+    """This interpreter's own flags (-B, -O, -W, -X ...), as the command line of another one.
+
+    What subprocess._args_from_interpreter_flags() gives, built here: importing subprocess
+    (signal, enum, selectors, threading, locale) took 5 to 10 ms of the runner's start. And
+    every -X option goes on, not CPython's short list of them: the program's sys._xoptions is
+    then what python gives it, and -X int_max_str_digits, no_debug_ranges, pycache_prefix,
+    warn_default_encoding or an option of its own keep their effect.
+    """
+    flags = sys.flags
+    args = [
+        f"-{letter * getattr(flags, name)}" for name, letter in _COUNTED_FLAGS if getattr(flags, name) > 0
+    ]
+    if flags.isolated:
+        args.append("-I")  # it implies -E, -s and -P
+    else:
+        args += [flag for flag, on in (("-E", flags.ignore_environment), ("-s", flags.no_user_site)) if on]
+        if getattr(flags, "safe_path", False):  # 3.11 on
+            args.append("-P")
+    args += [f"-W{option}" for option in _given_warnoptions()]
+    for name, value in getattr(sys, "_xoptions", {}).items():
+        args += ["-X", name if value is True else f"{name}={value}"]
     stdout = sys.__stdout__
     if stdout is not None and type(getattr(stdout, "buffer", None)).__name__ == "FileIO":
-        flags.append("-u")  # the one flag CPython's list leaves out (it has no sys.flags field)
-    if sys.flags.inspect:
-        flags.append("-i")
-    return flags
+        args.append("-u")  # no sys.flags field says -u: an unbuffered stdout does
+    if flags.inspect:
+        args.append("-i")
+    return args
+
+
+def _given_warnoptions() -> list[str]:
+    """sys.warnoptions without the entries that -b, -bb and -X dev add to it (their flags add them again)."""
+    options = list(sys.warnoptions)
+    added = ["default"] if getattr(sys.flags, "dev_mode", False) else []
+    if sys.flags.bytes_warning:
+        added.append("error::BytesWarning" if sys.flags.bytes_warning > 1 else "default::BytesWarning")
+    for option in added:
+        if option in options:
+            options.remove(option)
+    return options
 
 
 def become_python(target: Target, settings: Settings, warnings: list[str]) -> None:
