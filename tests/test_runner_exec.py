@@ -189,6 +189,28 @@ def test_every_flag_and_x_option_reaches_the_program_as_python_gives_them(tmp_pa
     assert (traced.returncode, traced.stdout) == (0, plain.stdout), traced.stderr
 
 
+SKIPPED_LINE = "this first line is not python (python -x skips it)\nimport sys, _imp\nprint(sys.argv, sys._getframe().f_lineno, _imp.check_hash_based_pycs)\n"
+
+
+@pytest.mark.skipif(sys.version_info < (3, 10), reason="-x is known only from sys.orig_argv, 3.10 on")
+@pytest.mark.parametrize("isolated", [False, True], ids=["exec", "in-process"])
+def test_x_and_hash_checks_reach_the_program(tmp_path: Path, isolated: bool) -> None:
+    """No sys.flags field says -x or --check-hash-based-pycs: the runner passes them on all the same, and
+    under -I, where it runs the program itself, drops the script's first line as python does."""
+    (tmp_path / "script.py").write_text(SKIPPED_LINE)
+    flags = ["--check-hash-based-pycs", "never", *(["-I"] if isolated else []), "-x"]
+    plain = subprocess.run(
+        [sys.executable, *flags, "script.py", "a"],
+        cwd=tmp_path, capture_output=True, text=True, env=clean_env(), timeout=60,
+    )  # fmt: skip
+    traced = subprocess.run(
+        [sys.executable, *flags, "-m", "importwatch", *QUIET, "script.py", "a"],
+        cwd=tmp_path, capture_output=True, text=True, env=clean_env(), timeout=60,
+    )  # fmt: skip
+    assert plain.stdout == "['script.py', 'a'] 3 never\n", plain.stderr
+    assert (traced.returncode, traced.stdout) == (0, plain.stdout), traced.stderr
+
+
 def test_the_runner_s_start_imports_no_subprocess(tmp_path: Path) -> None:
     """The runner's own interpreter, which the exec replaces, stays light: subprocess (with signal,
     enum, selectors, threading) is not imported to learn the interpreter's flags."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import _frozen_importlib as _bootstrap
 import _frozen_importlib_external as _external
+import _imp
 import builtins
 import os
 import stat as _stat
@@ -119,6 +120,9 @@ def prepare(target: Target) -> tuple[types.CodeType | None, str | None]:
         import marshal
 
         return marshal.loads(source[16:]), path
+    if skips_first_line():  # python -x: the first line goes, its newline stays (line numbers hold)
+        newline = source.find(b"\n")
+        source = source[newline:] if newline >= 0 else b""
     return compile(source, path, "exec", dont_inherit=True), path
 
 
@@ -309,12 +313,40 @@ def interpreter_flags() -> list[str]:
     args += [f"-W{option}" for option in _given_warnoptions()]
     for name, value in getattr(sys, "_xoptions", {}).items():
         args += ["-X", name if value is True else f"{name}={value}"]
+    hash_checks = getattr(_imp, "check_hash_based_pycs", "default")  # no sys.flags field either
+    if hash_checks != "default":
+        args += ["--check-hash-based-pycs", hash_checks]
+    if skips_first_line():
+        args.append("-x")
     stdout = sys.__stdout__
     if stdout is not None and type(getattr(stdout, "buffer", None)).__name__ == "FileIO":
         args.append("-u")  # no sys.flags field says -u: an unbuffered stdout does
     if flags.inspect:
         args.append("-i")
     return args
+
+
+def skips_first_line() -> bool:
+    """Whether python was given -x (skip the script's first line), which only sys.orig_argv tells (3.10 on)."""
+    argv = getattr(sys, "orig_argv", None) or []
+    index = 1
+    while index < len(argv):
+        arg = argv[index]
+        index += 1
+        if arg == "--check-hash-based-pycs":
+            index += 1  # its value
+        elif arg in ("-", "--") or not arg.startswith("-"):
+            return False  # stdin, or the script: the interpreter's options ended before it
+        elif not arg.startswith("--"):
+            for position, letter in enumerate(arg[1:], 2):
+                if letter in "cm":
+                    return False  # -c CODE, -m MODULE: the options end there
+                if letter == "x":
+                    return True
+                if letter in "WX":  # its value is the rest of the word, or the next one
+                    index += position == len(arg)
+                    break
+    return False
 
 
 def _given_warnoptions() -> list[str]:
