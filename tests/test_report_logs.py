@@ -16,7 +16,7 @@ from cbuild import FIXTURES, compile_extension, compile_shared, stand_in_torch
 from helpers import ROOT, clean_env
 from importwatch.events import VERDICT, WARNING
 from importwatch.events.read import read_line
-from test_report import hung_program, report, run_until_stalled
+from test_report import hung_program, report, run_until_stalled, wait_in_log
 
 pytestmark = pytest.mark.slow  # every test here starts processes
 
@@ -205,6 +205,53 @@ def test_a_kill_9_is_the_summarys_headline(tmp_path, suffix):
     assert lines[1].startswith("  python ")
     assert "  in flight when the process died: hangpkg > hangpkg.slow" in lines
     assert "it hung there or was stopped there" not in done.stdout
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("suffix", [".log", ".jsonl"])
+def test_a_kill_in_the_middle_of_a_line_still_reads_as_a_death(tmp_path, suffix):
+    # faulthandler writes a dump in pieces: a job killed amid one leaves its last line unended.
+    # Played here by the hung import itself, which writes part of a line to the log and waits.
+    log = tmp_path / f"hung{suffix}"
+    torn = '  File "/site/pkg/_ops.py", line 1'
+    (tmp_path / "tornpkg.py").write_text(
+        f"import time\nwith open({str(log)!r}, 'a') as log:\n    log.write({torn!r})\ntime.sleep(1000)\n"
+    )
+    (tmp_path / "main.py").write_text("import tornpkg\n")
+    command = [
+        sys.executable,
+        "-m",
+        "importwatch",
+        "--timeout",
+        "60",
+        "--log",
+        str(log),
+        "--watcher",
+        "main.py",
+    ]
+    process = subprocess.Popen(command, cwd=tmp_path, env=clean_env(), stderr=subprocess.DEVNULL)
+    try:
+        wait_in_log(log, torn)
+    finally:
+        process.kill()
+        process.wait()
+    wait_in_log(log, "died during import")
+    # The watcher's death line starts a line of its own...
+    lines = log.read_text().splitlines()
+    assert torn in lines, lines[-3:]
+    died = lines[lines.index(torn) + 1]
+    assert re.match(r'(\[importwatch |\{"time": ).*died during import', died), died
+    # ... and report finds a line of ours glued to a torn one all the same (a log another program
+    # wrote into, or one an older importwatch wrote).
+    glued = tmp_path / f"glued{suffix}"
+    glued.write_text(log.read_text().replace(torn + "\n", torn))
+    for each in (log, glued):
+        done = report(each)
+        assert done.returncode == 0, done.stderr
+        # (How it died, SIGKILL or "exit status gone", depends on whether this test reaped it first.)
+        assert done.stdout.startswith(f"pid {process.pid}: died during import: process {process.pid} ")
+        assert "  in flight when the process died: tornpkg\n" in done.stdout
+        assert "could not be read" not in done.stderr
 
 
 @pytest.mark.timeout(90)

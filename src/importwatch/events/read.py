@@ -129,7 +129,8 @@ def parse_line(line: str) -> Event | None:
 
 
 def read_line(line: str) -> Event | None:
-    """The event on LINE; None for a line that is not ours (a faulthandler dump, program output).
+    """The event on LINE; None for a line that is not ours (a faulthandler dump, program output),
+    unless a line of ours was written onto the end of it (see _glued_at).
 
     BadLine for one that claims to be ours and cannot be read: malformed JSON, nesting
     too deep, NaN or out-of-range numbers, fields of the wrong type, an overlong line.
@@ -142,10 +143,24 @@ def read_line(line: str) -> Event | None:
             raise BadLine("overlong line")
         return parser.json_line(line)
     if not line.startswith("[importwatch "):
-        return None
+        glued = _glued_at(line)
+        return read_line(line[glued:]) if glued > 0 else None
     if len(line) > MAX_LINE:
         raise BadLine("overlong line")
     return parser.text_line(line)
+
+
+def _glued_at(line: str) -> int:
+    """Where a line of ours begins inside LINE, which is not ours; -1 when none does.
+
+    faulthandler writes a dump in many pieces: a process killed amid one leaves its last line
+    unended, and the next line of ours (the watcher's death line, another process's event)
+    goes on the end of it. Only lines that are not ours are looked into: an event line whose
+    name holds a head stays whole.
+    """
+    text = line.find("[importwatch ")
+    json = line.find('{"time": ')
+    return text if json < 0 or 0 <= text < json else json
 
 
 def _bounded(number: int) -> int:
