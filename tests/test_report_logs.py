@@ -254,6 +254,34 @@ def test_a_kill_in_the_middle_of_a_line_still_reads_as_a_death(tmp_path, suffix)
         assert "could not be read" not in done.stderr
 
 
+@pytest.mark.timeout(60)
+def test_the_death_line_starts_its_own_line_in_a_stderr_file_too(tmp_path):
+    # A batch job's stderr is a file, and without --log the dumps go there; the program's own last
+    # line may be unended too (a progress bar). The job is killed and not yet reaped, so the death
+    # line goes to stderr as well.
+    progress = "loading shards: 50%"
+    (tmp_path / "shards.py").write_text(
+        f"import sys, time\nsys.stderr.write({progress!r})\nsys.stderr.flush()\ntime.sleep(1000)\n"
+    )
+    (tmp_path / "main.py").write_text("import shards\n")
+    err = tmp_path / "job.err"
+    command = [sys.executable, "-m", "importwatch", "--timeout", "60", "--watcher", "main.py"]
+    with open(err, "wb") as stderr:
+        process = subprocess.Popen(command, cwd=tmp_path, env=clean_env(), stderr=stderr)
+    try:
+        wait_in_log(err, progress)
+        process.kill()
+        wait_in_log(err, "died during import")
+    finally:
+        process.kill()
+        process.wait()
+    lines = err.read_text().splitlines()
+    assert progress in lines, lines[-3:]
+    died = lines[lines.index(progress) + 1]
+    assert died.startswith("[importwatch ") and "died during import" in died, died
+    assert report(err).stdout.startswith(f"pid {process.pid}: died during import: process {process.pid} ")
+
+
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("suffix", [".log", ".jsonl"])
 def test_pool_workers_terminated_mid_import_read_as_terminated_not_hung(tmp_path, suffix):

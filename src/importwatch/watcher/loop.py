@@ -7,11 +7,11 @@ writes carries the traced pid.
 from __future__ import annotations
 
 import os
-import stat
 import sys
 
 from importwatch.events import DIED, EXIT, FORK, OUTSIDE, VERDICT, WARNING, render
 from importwatch.watcher.report import Composing, culprit_of, describe
+from importwatch.watcher.torn import end_torn_lines
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -324,7 +324,7 @@ class Watcher(Composing):
         if not self._alive():
             self.silent = True
             return False
-        _end_torn_line(self.sink)
+        end_torn_lines(self.sink, [kind for kind, _ in lines], only)
         for kind, fields in lines:
             self.sink.event(kind, fields, only=only)
         return True
@@ -476,11 +476,12 @@ class Watcher(Composing):
                 how += " without a clean exit (os._exit, or exit() called from C)"
         seconds = round(now - stack[0].start, 1)
         fields = {"process": self.pid, "how": how, "seconds": seconds, "chain": f"{name}: {chain}"}
-        _end_torn_line(self.sink)
         # Once the parent has reaped the program it has seen the end and may have said so (a
         # shell's prompt, a parent's "done"): a line of ours after that reads as news from a later
         # program, so the death line goes to the log only.
-        self.sink.event(DIED, {**fields, "status": status}, only=None if self._unreaped() else "log")
+        only = None if self._unreaped() else "log"
+        end_torn_lines(self.sink, [DIED], only)
+        self.sink.event(DIED, {**fields, "status": status}, only=only)
         return 0
 
     def _unreaped(self) -> bool:
@@ -556,28 +557,6 @@ def _map_ring(fd: int) -> RingReader:
         raise SystemExit(f"importwatch watcher: cannot map the feed's ring: {error}") from None
     finally:
         os.close(fd)
-
-
-def _end_torn_line(sink: Sink) -> None:
-    """A new line in the log before ours when its last one is unended: faulthandler writes a dump in
-    pieces, and a program killed amid one (a SIGKILL after a stall) leaves a line that our death line
-    would go on the end of. (report splits such lines too: this is for people reading the log.)"""
-    log = sink.log
-    if log is None or log.broken:
-        return
-    torn = False
-    try:  # our descriptor is write-only: the same file opened again through it, to read its end
-        reader = os.open(f"/proc/self/fd/{log.fd}", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        try:
-            info = os.fstat(reader)
-            if stat.S_ISREG(info.st_mode) and info.st_size:
-                torn = os.pread(reader, 1, info.st_size - 1) != b"\n"
-        finally:
-            os.close(reader)
-    except OSError:
-        pass
-    if torn:
-        log.write(b"\n")
 
 
 def _close_inherited(keep: set[int]) -> None:
