@@ -363,6 +363,25 @@ def test_the_text_and_json_lines_of_an_event_read_back_alike(tmp_path: Path) -> 
         assert from_text.data() == {k: v for k, v in from_json.data().items() if k not in extras}
 
 
+@pytest.mark.parametrize("name", ["run.log", "run.jsonl"])
+def test_a_line_written_onto_the_end_of_a_torn_one_reads_as_itself(tmp_path: Path, name: str) -> None:
+    # faulthandler writes a dump in pieces: a process killed amid one leaves a line unended, and
+    # the next line of ours goes on its end. What is not ours is looked into; what is ours, never.
+    torns = ['  File "/x/torch/_ops.py", line 1', "Thread 0x00007f", "", "progress: {'a': 50%}"]
+    for line in _written(tmp_path, name):
+        alone = read_line(line)
+        for torn in torns:
+            glued = read_line(torn + line)
+            assert (glued.kind, glued.depth, glued.data()) == (alone.kind, alone.depth, alone.data()), (
+                torn + line
+            )
+    for torn in torns:
+        assert read_line(torn) is None
+    # A name that holds a head is the name, in a line of ours.
+    own = "[importwatch 7 10:00:00.000] > pkg[importwatch 8 10:00:00.000] > other"
+    assert read_line(own).name == "pkg[importwatch 8 10:00:00.000] > other"
+
+
 def test_a_verdict_and_a_warning_are_told_apart_in_both_forms(tmp_path: Path) -> None:
     kinds = {read_line(line).kind for name in ("a.log", "a.jsonl") for line in _written(tmp_path, name)}
     assert {events.VERDICT, events.WARNING} <= kinds
