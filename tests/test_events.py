@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from importwatch import events
-from importwatch.events import EXTRAS, KINDS
+from importwatch.events import EXTRAS, KINDS, MAX_LINE
 from importwatch.events.read import read_line
 from importwatch.tracing.sink import Sink
 
@@ -377,6 +377,13 @@ def test_a_line_written_onto_the_end_of_a_torn_one_reads_as_itself(tmp_path: Pat
             )
     for torn in torns:
         assert read_line(torn) is None
+    # Words that quote a head are the program's, never a bad line of ours (report would count it).
+    for quoted in (
+        "grep found [importwatch 7 in job.err",
+        'echo {"time": "noon"}',
+        "x[importwatch " + "y" * MAX_LINE,
+    ):
+        assert read_line(quoted) is None
     # A name that holds a head is the name, in a line of ours.
     own = "[importwatch 7 10:00:00.000] > pkg[importwatch 8 10:00:00.000] > other"
     assert read_line(own).name == "pkg[importwatch 8 10:00:00.000] > other"

@@ -144,7 +144,12 @@ def read_line(line: str) -> Event | None:
         return parser.json_line(line)
     if not line.startswith("[importwatch "):
         glued = _glued_at(line)
-        return read_line(line[glued:]) if glued > 0 else None
+        if glued <= 0:
+            return None
+        try:
+            return read_line(line[glued:])
+        except BadLine:
+            return None  # a program's words that quote a head: the line is the program's, not a bad one
     if len(line) > MAX_LINE:
         raise BadLine("overlong line")
     return parser.text_line(line)
