@@ -120,6 +120,11 @@ def seconds_of_day(clock: str) -> float:
     return int(clock[0:2]) * 3600 + int(clock[3:5]) * 60 + float(clock[6:])
 
 
+# How a line of ours begins: a text line, and a JSON line (events.json_line writes "time" first).
+_TEXT_HEAD = "[importwatch "
+_JSON_HEAD = '{"time": '
+
+
 def parse_line(line: str) -> Event | None:
     """The event on LINE, or None for a line that is not ours or cannot be read (see read_line)."""
     try:
@@ -142,9 +147,9 @@ def read_line(line: str) -> Event | None:
         if len(line) > MAX_LINE:
             raise BadLine("overlong line")
         return parser.json_line(line)
-    if not line.startswith("[importwatch "):
+    if not line.startswith(_TEXT_HEAD):
         glued = _glued_at(line)
-        if glued <= 0:
+        if glued < 0:
             return None
         try:
             return read_line(line[glued:])
@@ -163,9 +168,7 @@ def _glued_at(line: str) -> int:
     goes on the end of it. Only lines that are not ours are looked into: an event line whose
     name holds a head stays whole.
     """
-    text = line.find("[importwatch ")
-    json = line.find('{"time": ')
-    return text if json < 0 or 0 <= text < json else json
+    return min((at for at in (line.find(_TEXT_HEAD), line.find(_JSON_HEAD)) if at >= 0), default=-1)
 
 
 def _bounded(number: int) -> int:
