@@ -112,6 +112,76 @@ def test_the_accelerator_writes_the_pure_python_hook_s_lines_byte_for_byte(
         assert _masked(logs["C"]) == _masked(logs["pure"])
 
 
+_ROUTE_CHANGES = {
+    "quiet0.py": "import quiet1\n",
+    "quiet1.py": "X = 1\n",
+    # The route changes inside an import: its start line went nowhere, its end line is logged.
+    "switch.py": "import os\nimport importwatch\nimportwatch.install(log=os.environ['ROUTE_LOG'])\n",
+    "logged0.py": "import logged1\n",
+    "logged1.py": "X = 1\n",
+    "loud0.py": "X = 1\n",
+    "main.py": (
+        "import os\nimport importwatch\nimport quiet0\nimport switch\nimport logged0\n"
+        "os.environ['IMPORTWATCH_STDERR'] = 'all'\nimportwatch.install(log=os.environ['ROUTE_LOG'])\n"
+        "import loud0\nprint('done')\n"
+    ),
+}
+
+
+@pytest.mark.parametrize("env", [C, PURE], ids=["C", "pure"])
+def test_a_route_changed_while_the_program_runs_takes_effect_at_the_next_line(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    # The C hook keeps where lines go between changes of the sink (_speedups_route.h): quiet lines
+    # first, kept as going nowhere; then a log opened, inside an import; then every line to stderr.
+    for name, text in _ROUTE_CHANGES.items():
+        (tmp_path / name).write_text(text)
+    log = tmp_path / "trace.log"
+    run = subprocess.run(
+        [sys.executable, "main.py"],
+        cwd=tmp_path,
+        env=clean_env(IMPORTWATCH="1", IMPORTWATCH_STDERR="stalls", ROUTE_LOG=str(log), **env),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (run.returncode, run.stdout) == (0, "done\n"), run.stderr
+    logged = log.read_text()
+    assert "quiet" not in logged and "quiet" not in run.stderr
+    assert "> switch" not in logged and re.search(r"\] < switch \d+\.\d{3} ms\n", logged), logged
+    assert re.search(r"\]   > logged1\n", logged) and re.search(r"\] < logged0 \d", logged), logged
+    assert "logged" not in run.stderr
+    for text in (logged, run.stderr):
+        assert "] > loud0\n" in text and re.search(r"\] < loud0 \d", text), text
+
+
+@pytest.mark.parametrize("env", [C, PURE], ids=["C", "pure"])
+def test_a_step_someone_still_holds_is_never_used_again_for_another_import(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    # The C hook uses an ended step again when nothing else holds it (keep_spare); this one is held.
+    # grab's body imports nothing new, so no nested step has been put aside when grab's own ends.
+    (tmp_path / "grab.py").write_text(
+        "import _thread, gc, sys\nTracer = sys.modules['importwatch.tracing.hook'].Tracer\n"
+        "tracer = next(o for o in gc.get_objects() if isinstance(o, Tracer))\n"
+        "STEP = tracer.stacks[_thread.get_ident()][-1]\n"
+    )
+    for name in ("other0", "other1"):
+        (tmp_path / f"{name}.py").write_text("X = 1\n")
+    (tmp_path / "main.py").write_text(
+        "import _thread, gc, sys\nimport grab\nimport other0\nimport other1\nprint(grab.STEP.name, grab.STEP.kind)\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "main.py"],
+        cwd=tmp_path,
+        env=clean_env(IMPORTWATCH="1", IMPORTWATCH_STDERR="none", **env),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (run.returncode, run.stdout, run.stderr) == (0, "grab import\n", "")
+
+
 @needs_accelerator
 def test_the_accelerator_writes_durations_and_stamps_as_python_does(tmp_path: Path) -> None:
     from importwatch.tracing import _speedups

@@ -34,7 +34,7 @@ static PyObject *s_import, *s_import_end, *s_structured, *s_progress_due, *s_on_
     *s_check_descriptors, *s_safely, *s_internal_error, *s_event, *s_name, *s_parent, *s_ms, *s_error,
     *s_writing_a_line, *s_dunder_name, *s_progress, *s_loud, *s_log, *s_feed, *s_stderr, *s_partial,
     *s_main_thread, *s_msec, *s_prefix, *s_now, *s_set_stamp, *s_json, *s_broken, *s_closed, *s_ring, *s_mapping,
-    *s_fd, *s_modules, *s_stderr_again, *s_log_lost, *s_warn, *s_guards, *s_second, *s_clock, *s_head, *s_stamp;
+    *s_fd, *s_modules, *s_stderr_again, *s_log_lost, *s_warn, *s_guards;
 
 static const struct {
     PyObject **slot;
@@ -50,7 +50,6 @@ static const struct {
     {&s_set_stamp, "_set_stamp"}, {&s_json, "json"}, {&s_broken, "broken"}, {&s_closed, "closed"},
     {&s_ring, "ring"}, {&s_mapping, "mapping"}, {&s_fd, "fd"}, {&s_modules, "modules"},
     {&s_stderr_again, "_stderr_again"}, {&s_log_lost, "_log_lost"}, {&s_warn, "warn"}, {&s_guards, "guards"},
-    {&s_second, "_second"}, {&s_clock, "_clock"}, {&s_head, "_head"}, {&s_stamp, "_stamp"},
 };
 
 /* The sys module, held from the first hook made: sys.modules is read from it at each import (an attribute
@@ -60,6 +59,18 @@ static PyObject *the_sys;
 /* The six slots of a TracedStep, set through their member descriptors: no __init__ runs. */
 enum { SLOT_NAME, SLOT_KIND, SLOT_START, SLOT_PROGRESS, SLOT_TIMEOUT, SLOT_CONTEXT, SLOTS };
 static const char *const slot_names[SLOTS] = {"name", "kind", "start", "progress", "timeout", "context"};
+
+/* The sink as Sink.emit reads it for the hook's lines (_speedups_route.h: route_read). */
+typedef struct {
+    unsigned long long at; /* the sink's count when read: kept while it stays (kept) */
+    int kept, structured, partial, wall_builtin;
+    signed char loud[2], nowhere[2]; /* the start and end lines: to stderr, nowhere (1, 0; -1 not known) */
+    PyObject *log, *feed, *stderr_channel, *wall; /* held: log, feed, stderr, _now */
+    unsigned long main_thread;
+    long long msec;     /* the millisecond of prefix's stamp: the sink's _msec, or newer (new_stamp) */
+    char prefix[128];   /* the sink's _prefix ("[importwatch PID HH:MM:SS.mmm] "), its digits kept here */
+    size_t prefix_size; /* 0: none usable, emit writes the line */
+} Route;
 
 typedef struct {
     PyObject_HEAD
@@ -79,13 +90,20 @@ typedef struct {
     int monotonic;         /* clock is time.monotonic itself: read here (clock_now) */
     PyObject *sink_dict;   /* the sink's __dict__, or NULL: see _speedups_attrs.h */
     PyObject *tracer_dict; /* the tracer's */
+    int counted;           /* the sink is a Counted: the route read from it is kept (_speedups_route.h) */
+    Route route;           /* what Sink.emit would read of the sink for the two lines, as read at route.at */
+    PyObject *spare; /* an ended step nothing else holds, for the next import (new_step), or NULL */
+    PyObject *key;   /* the last thread's ident as an int, the key of its chain in stacks, or NULL */
 } Hook;
 
+static int counted_setattro(PyObject *object, PyObject *name, PyObject *value); /* _speedups_route.h */
 #include "_speedups_attrs.h" /* the attributes read per import, read the short way */
 #include "_speedups_clocks.h" /* time.monotonic and time.time, read in C */
+#include "_speedups_route.h" /* where the lines go, read once per change of the sink */
 #include "_speedups_lines.h" /* the import's error kept, the lines' text, new steps */
 #include "_speedups_ring.h" /* the watcher's feed: its shared memory, and ring_put */
 #include "_speedups_emit.h" /* fast_emit: the lines, written as Sink.emit would */
+#include "_speedups_end.h" /* end_line: the import's end line, and progress told */
 #include "_speedups_guards.h" /* guards_hold: our descriptors, looked at without the sink's check */
 #include "_speedups_spawn.h" /* spawn_detached: the watcher started without a copy of the program */
 
@@ -145,114 +163,6 @@ static int take_out(PyObject *stack, PyObject *frame) {
     return 0;
 }
 
-/* The end of the import: its line (the failure's through sink.event), then on_progress when due. */
-static int end_line(Hook *self, PyObject *name, PyObject *parent, PyObject *shown, Py_ssize_t depth,
-                    double ms, PyObject *now, PyObject *failure) {
-    /* ms as a float for the fields of a JSON log's line or a failure's, made only for those */
-    PyObject *ms_value = NULL, *fields = NULL, *text = NULL, *result = NULL;
-    if (failure == NULL) {
-        int wanted = as_truth(sink_get(self, s_structured)); /* a JSON log: fields made only then */
-        if (wanted < 0) {
-            goto done;
-        }
-        if (wanted) {
-            ms_value = PyFloat_FromDouble(ms);
-            fields = ms_value == NULL ? NULL
-                                      : Py_BuildValue("{OOOOOO}", s_name, name, s_parent, parent, s_ms, ms_value);
-            if (fields == NULL) {
-                goto done;
-            }
-        }
-        int nowhere = wanted ? 0 : goes_nowhere(self, s_import_end); /* then not even formatted */
-        char tail[64];
-        if (nowhere < 0 || (!nowhere && ms_tail(ms, tail) < 0)) {
-            goto done;
-        }
-        int fast = nowhere ? 1 : wanted ? 0 : fast_emit(self, s_import_end, depth, "< ", shown, tail);
-        if (fast < 0) {
-            goto done;
-        }
-        if (fast > 0) {
-            result = Py_None;
-            Py_INCREF(result);
-        } else {
-            text = line(depth, "< ", shown, tail);
-            if (text == NULL) {
-                goto done;
-            }
-            PyObject *args[3] = {s_import_end, text, fields ? fields : Py_None};
-            result = PyObject_Vectorcall(self->emit, args, 3, NULL);
-        }
-    } else {
-        ms_value = PyFloat_FromDouble(ms);
-        fields = ms_value == NULL ? NULL
-                                  : Py_BuildValue("{OOOOOOOO}", s_name, name, s_parent, parent, s_ms, ms_value,
-                                                  s_error, failure);
-        if (fields == NULL) {
-            goto done;
-        }
-        PyObject *level = PyLong_FromSsize_t(depth);
-        if (level == NULL) {
-            goto done;
-        }
-        result = PyObject_CallMethodObjArgs(self->sink, s_event, s_import_end, fields, level, NULL);
-        Py_DECREF(level);
-    }
-    if (result == NULL) {
-        goto done;
-    }
-    Py_CLEAR(result);
-    PyObject *due = tracer_get(self, s_progress_due); /* two floats, the common case: compared here */
-    int late = due == NULL                                       ? -1
-               : PyFloat_CheckExact(now) && PyFloat_CheckExact(due) ? PyFloat_AS_DOUBLE(now) >= PyFloat_AS_DOUBLE(due)
-                                                                    : PyObject_RichCompareBool(now, due, Py_GE);
-    Py_XDECREF(due);
-    if (late <= 0) {
-        result = late < 0 ? NULL : Py_None;
-        Py_XINCREF(result);
-        goto done;
-    }
-    PyObject *on_progress = tracer_get(self, s_on_progress);
-    if (on_progress == NULL) {
-        goto done;
-    }
-    if (on_progress == Py_None) {
-        result = on_progress;
-    } else {
-        result = PyObject_CallFunctionObjArgs(on_progress, now, failure ? failure : Py_None, NULL);
-        Py_DECREF(on_progress);
-    }
-done:
-    Py_XDECREF(ms_value);
-    Py_XDECREF(fields);
-    Py_XDECREF(text);
-    if (result == NULL) {
-        return -1;
-    }
-    Py_DECREF(result);
-    return 0;
-}
-
-/* A BaseException of ours propagates in place of the import's outcome; the import's own error, if
-   any, becomes its __context__, as Python's implicit chaining would make it. */
-static void chain(Saved *import_error) {
-    if (import_error->value == NULL) {
-        return;
-    }
-    Saved ours;
-    save_error(&ours);
-    if (ours.value != NULL && ours.value != import_error->value) {
-        PyObject *context = PyException_GetContext(ours.value); /* a new reference */
-        if (context == NULL) {
-            PyException_SetContext(ours.value, import_error->value); /* steals the reference */
-            import_error->value = NULL;
-        }
-        Py_XDECREF(context);
-    }
-    drop_error(import_error);
-    restore_error(&ours);
-}
-
 static PyObject *hook_call(PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     Hook *self = (Hook *)callable;
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
@@ -293,7 +203,7 @@ static PyObject *hook_call(PyObject *callable, PyObject *const *args, size_t nar
         return NULL;
     }
 
-    PyObject *key = PyLong_FromUnsignedLong(PyThread_get_thread_ident());
+    PyObject *key = thread_key(self);
     PyObject *stack = NULL, *parent = NULL, *start = NULL, *frame = NULL, *module = NULL, *failure = NULL;
     Saved import_error = {NULL, NULL, NULL};
     if (key == NULL) {
@@ -322,10 +232,11 @@ static PyObject *hook_call(PyObject *callable, PyObject *const *args, size_t nar
 
     /* From the push on: whatever fails, ours or the import, the step is popped and its end written. */
     {
-        int wanted = as_truth(sink_get(self, s_structured)), fast = 0;
+        int wanted = route_structured(self), fast = 0;
         PyObject *fields = NULL, *text = NULL, *result = NULL;
-        if (wanted == 0) { /* a text log or none: written here in the common case */
-            fast = fast_emit(self, s_import, depth, "> ", shown, NULL);
+        if (wanted == 0) { /* a text log or none: written here in the common case, or nowhere to go */
+            fast = route_nowhere(self, 0);
+            fast = fast != 0 ? fast : fast_emit(self, 0, depth, "> ", shown, NULL);
             if (fast != 0) {
                 result = fast > 0 ? Py_None : NULL;
                 Py_XINCREF(result);
@@ -365,8 +276,9 @@ ended:
     {
         int ours_failed = 0;
         Py_ssize_t size = PyList_GET_SIZE(stack);
-        if (size && PyList_GET_ITEM(stack, size - 1) == frame) {
-            ours_failed = PyList_SetSlice(stack, size - 1, size, NULL) < 0;
+        if (size && PyList_GET_ITEM(stack, size - 1) == frame && PyList_CheckExact(stack)) {
+            Py_SET_SIZE(stack, size - 1); /* list.pop()'s, less the shrink: the item is frame, still ours */
+            Py_DECREF(frame);
         } else {
             ours_failed = take_out(stack, frame) < 0;
         }
@@ -420,7 +332,7 @@ done:
     Py_XDECREF(stack);
     Py_XDECREF(parent);
     Py_XDECREF(start);
-    Py_XDECREF(frame);
+    keep_spare(self, frame);
     Py_XDECREF(failure);
     return module;
 }
@@ -443,6 +355,12 @@ static int hook_traverse(Hook *self, visitproc visit, void *arg) {
     }
     Py_VISIT(self->sink_dict);
     Py_VISIT(self->tracer_dict);
+    Py_VISIT(self->spare);
+    Py_VISIT(self->route.log);
+    Py_VISIT(self->route.feed);
+    Py_VISIT(self->route.stderr_channel);
+    Py_VISIT(self->route.wall);
+    Py_VISIT(self->key);
     return 0;
 }
 
@@ -463,6 +381,9 @@ static int hook_clear(Hook *self) {
     }
     Py_CLEAR(self->sink_dict);
     Py_CLEAR(self->tracer_dict);
+    Py_CLEAR(self->spare);
+    route_drop(&self->route);
+    Py_CLEAR(self->key);
     return 0;
 }
 
@@ -517,6 +438,9 @@ static PyObject *make_hook(PyObject *module, PyObject *args) {
     Py_INCREF(clock);
     self->clock = clock;
     self->monotonic = is_time_builtin(clock, "monotonic");
+    self->counted = PyObject_TypeCheck(sink, &CountedType);
+    memset(&self->route, 0, sizeof self->route);
+    self->spare = self->key = NULL;
     Py_INCREF(step_type);
     self->step_type = step_type;
     Py_INCREF(escape);
@@ -541,8 +465,7 @@ static PyObject *make_hook(PyObject *module, PyObject *args) {
     }
     /* The names read through the held dictionaries: a property of one of them would make getattr differ. */
     static PyObject **const sink_names[] = {&s_structured, &s_loud, &s_log, &s_feed, &s_stderr, &s_partial,
-                                            &s_main_thread, &s_now, &s_msec, &s_prefix, &s_guards,
-                                            &s_second, &s_clock, &s_head, &s_stamp};
+                                            &s_main_thread, &s_now, &s_msec, &s_prefix, &s_guards};
     static PyObject **const tracer_names[] = {&s_progress_due, &s_on_progress, &s_on_deadline};
     self->sink_dict = held_dict(sink, sink_names, sizeof sink_names / sizeof sink_names[0]);
     self->tracer_dict = held_dict(tracer, tracer_names, sizeof tracer_names / sizeof tracer_names[0]);
@@ -592,8 +515,14 @@ PyMODINIT_FUNC PyInit__speedups(void) {
             return NULL;
         }
     }
-    if (PyType_Ready(&HookType) < 0 || PyType_Ready(&SharedMemoryType) < 0) {
+    if (PyType_Ready(&HookType) < 0 || PyType_Ready(&SharedMemoryType) < 0 || PyType_Ready(&CountedType) < 0) {
         return NULL;
     }
-    return PyModule_Create(&module_def);
+    PyObject *module = PyModule_Create(&module_def);
+    Py_INCREF(&CountedType);
+    if (module != NULL && PyModule_AddObject(module, "Counted", (PyObject *)&CountedType) < 0) {
+        Py_DECREF(&CountedType);
+        Py_CLEAR(module);
+    }
+    return module;
 }

@@ -14,11 +14,16 @@
 
 #include <structmember.h> /* T_OBJECT_EX */
 
+/* Whether TYPE's setattr is object's, or the sink's count of it before object's (_speedups_route.h). */
+static int plain_setattr(PyTypeObject *type) {
+    return type->tp_setattro == PyObject_GenericSetAttr || type->tp_setattro == counted_setattro;
+}
+
 /* Where NAME is an object slot of OBJECT's type (a member descriptor of a class in its MRO, no flags),
    the address of its value in OBJECT; NULL for anything else. */
 static PyObject **slot_address(PyObject *object, PyObject *name) {
     PyTypeObject *type = Py_TYPE(object);
-    if (type->tp_getattro != PyObject_GenericGetAttr || type->tp_setattro != PyObject_GenericSetAttr) {
+    if (type->tp_getattro != PyObject_GenericGetAttr || !plain_setattr(type)) {
         return NULL;
     }
     PyObject *descr = _PyType_Lookup(type, name); /* borrowed; the type's cache */
@@ -61,7 +66,7 @@ static int slot_set(PyObject *object, PyObject *name, PyObject *value) {
    failure. */
 static PyObject *held_dict(PyObject *object, PyObject **const names[], size_t count) {
     PyTypeObject *type = Py_TYPE(object);
-    if (type->tp_getattro != PyObject_GenericGetAttr || type->tp_setattro != PyObject_GenericSetAttr) {
+    if (type->tp_getattro != PyObject_GenericGetAttr || !plain_setattr(type)) {
         return NULL;
     }
     for (size_t i = 0; i < count; i++) {
@@ -124,14 +129,19 @@ static long as_long(PyObject *value) {
     return result;
 }
 
+/* An int as a long long; -1 with an exception when it is none or too large. A 64-bit long's conversion
+   where there is one: PyLong_AsLongLong takes a slower road for a number of more than one digit. */
+static long long as_wide(PyObject *value) {
+#if LONG_MAX >= 0x7fffffffffffffffL
+    return PyLong_AsLong(value);
+#else
+    return PyLong_AsLongLong(value);
+#endif
+}
+
 /* The sink's and the tracer's attributes, through their held dictionaries. */
 static PyObject *sink_get(Hook *self, PyObject *name) {
     return dict_get(self->sink_dict, self->sink, name);
-}
-
-static int sink_set(Hook *self, PyObject *name, PyObject *value) {
-    return self->sink_dict != NULL ? PyDict_SetItem(self->sink_dict, name, value)
-                                   : PyObject_SetAttr(self->sink, name, value);
 }
 
 static PyObject *tracer_get(Hook *self, PyObject *name) {

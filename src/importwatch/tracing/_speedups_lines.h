@@ -151,11 +151,13 @@ static PyObject *shown_name(Hook *self, PyObject *name) {
     return PyObject_CallOneArg(self->escape, name);
 }
 
-/* A new TracedStep for an import: the closure's TracedStep(name, start), without running __init__. */
+/* A new TracedStep for an import: the closure's TracedStep(name, start), without running __init__. The
+   last one ended that nothing but the hook held is used again (see keep_spare): no allocation. */
 static PyObject *new_step(Hook *self, PyObject *name, PyObject *start) {
     PyTypeObject *type = (PyTypeObject *)self->step_type;
-    PyObject *step = type->tp_alloc(type, 0);
-    if (step == NULL) {
+    PyObject *step = self->spare;
+    self->spare = NULL;
+    if (step == NULL && (step = type->tp_alloc(type, 0)) == NULL) {
         return NULL;
     }
     PyObject *values[SLOTS] = {name, s_import, start, start, Py_None, Py_None};
@@ -172,6 +174,26 @@ static PyObject *new_step(Hook *self, PyObject *name, PyObject *start) {
         }
     }
     return step;
+}
+
+/* This thread's ident as an int (a new reference), made again only when another thread imports. */
+static PyObject *thread_key(Hook *self) {
+    unsigned long ident = PyThread_get_thread_ident();
+    if (self->key == NULL || PyLong_AsUnsignedLong(self->key) != ident) {
+        Py_XSETREF(self->key, PyLong_FromUnsignedLong(ident));
+    }
+    Py_XINCREF(self->key);
+    return self->key;
+}
+
+/* The hook's last reference to an ended STEP: kept for the next new_step when nothing else holds it
+   (nobody can tell it from a new one then), dropped otherwise. */
+static void keep_spare(Hook *self, PyObject *step) {
+    if (step != NULL && self->spare == NULL && Py_REFCNT(step) == 1 && Py_TYPE(step) == (PyTypeObject *)self->step_type) {
+        self->spare = step;
+    } else {
+        Py_XDECREF(step);
+    }
 }
 
 /* "TypeName: message", as the closure's f"{type(error).__name__}: {error}". */

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import _frozen_importlib as _bootstrap
 import _thread
-import os
 import sys
 
 from importwatch.events import IMPORT_END, STEP, STEP_END, VERDICT, escape
+from importwatch.tracing.accelerator import ACCELERATOR, HOT_PATH, PURE_ENV  # noqa: F401 (said by cli, doctor)
 from importwatch.tracing.forklocks import owner_text
 from importwatch.tracing.sink import CLOCKS
 
@@ -54,24 +54,9 @@ IMPORTLIB_FILENAME = _bootstrap._find_and_load.__code__.co_filename
 FunctionType = type(lambda: None)
 NEVER = float("inf")
 
-# The environment variable that makes the tracer use the pure-Python hook even where the C one is built.
-PURE_ENV = "IMPORTWATCH_PURE"
-
-
-def _accelerator() -> tuple[Any, str]:
-    """The C twin of Tracer._make_find_and_load's closure (_speedups.c) when built and not refused by
-    IMPORTWATCH_PURE, and which hot path that makes, in words (--version and doctor say it)."""
-    if os.environ.get(PURE_ENV, "") not in ("", "0"):
-        return None, f"pure Python ({PURE_ENV} is set)"  # its value unsaid: output stays ASCII
-    try:
-        from importwatch.tracing import _speedups
-    except ImportError:  # not built (no compiler at install), or built for another Python
-        return None, "pure Python (the C accelerator is not built)"
-    return _speedups, "C accelerator"
-
-
-_speedups, HOT_PATH = _accelerator()
-ACCELERATOR = _speedups  # for the other users of the C module (ring.create maps the watcher's feed with it)
+# The C twin of Tracer._make_find_and_load's closure, or None; ACCELERATOR is it, for the other users of
+# the C module (ring.create maps the watcher's feed with it).
+_speedups = ACCELERATOR
 
 
 class TracedStep:

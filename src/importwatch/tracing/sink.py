@@ -11,6 +11,7 @@ import time
 
 from importwatch import safefile
 from importwatch.events import BUSY, DIED, EXIT, RESUMED, VERDICT, WARNING, escape, json_line, render
+from importwatch.tracing.accelerator import SINK_BASE
 from importwatch.tracing.descriptors import close_if_ours, high_descriptor, identity
 
 TYPE_CHECKING = False
@@ -80,7 +81,8 @@ def own_stderr(fd: int) -> Channel:
 
 
 class _LoudKinds(dict):
-    """Per kind of event, whether --stderr stalls writes it to stderr: decided once per kind."""
+    """Per kind of event, whether --stderr stalls writes it to stderr: decided once per kind, never changed
+    (the C hook keeps the answers it has read: _speedups_route.h)."""
 
     def __missing__(self, kind: str) -> bool:
         loud = kind in _LOUD or kind.startswith(("stall", "outside"))
@@ -89,9 +91,10 @@ class _LoudKinds(dict):
 
 
 class _NoKinds(dict):
-    """--stderr none: no kind of event goes to stderr."""
+    """--stderr none: no kind of event goes to stderr (each kind kept once asked, as _LoudKinds keeps it)."""
 
     def __missing__(self, kind: str) -> bool:
+        self[kind] = False
         return False
 
 
@@ -124,7 +127,7 @@ class Channel:
         return None
 
 
-class Sink:
+class Sink(SINK_BASE):  # type: ignore[misc,valid-type]
     """Writes one line per event, prefixed with pid, time and thread, to every open channel.
 
     Each line goes out in a single os.write per channel: nothing is buffered, a
