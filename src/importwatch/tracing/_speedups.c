@@ -220,7 +220,7 @@ static PyObject *hook_call(PyObject *callable, PyObject *const *args, size_t nar
         goto fail;
     }
     Py_ssize_t depth = PyList_GET_SIZE(stack);
-    parent = depth ? slot_get(PyList_GET_ITEM(stack, depth - 1), s_name) : (Py_INCREF(Py_None), Py_None);
+    parent = depth ? step_name(self, PyList_GET_ITEM(stack, depth - 1)) : (Py_INCREF(Py_None), Py_None);
     if (parent == NULL || (start = clock_now(self)) == NULL) {
         goto fail;
     }
@@ -287,7 +287,7 @@ ended:
         if (now != NULL && !PyErr_Occurred()) {
             size = PyList_GET_SIZE(stack);
             if (size) {
-                ours_failed = slot_set(PyList_GET_ITEM(stack, size - 1), s_progress, now) < 0;
+                ours_failed = set_progress(self, PyList_GET_ITEM(stack, size - 1), now) < 0;
             } else {
                 PyObject *current = PyDict_GetItemWithError(self->stacks, key);
                 if (current == stack) {

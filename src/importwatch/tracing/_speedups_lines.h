@@ -176,6 +176,37 @@ static PyObject *new_step(Hook *self, PyObject *name, PyObject *start) {
     return step;
 }
 
+/* Where STEP's slot INDEX (SLOT_NAME...) is when STEP is a TracedStep itself and the slot an object slot,
+   from the member descriptor the hook holds: no type lookup. NULL otherwise (then getattr's way). */
+static PyObject **step_slot(Hook *self, PyObject *step, int index) {
+    PyMemberDef *member = ((PyMemberDescrObject *)self->slots[index])->d_member;
+    if (Py_TYPE(step) != (PyTypeObject *)self->step_type || member->type != T_OBJECT_EX || member->flags != 0) {
+        return NULL;
+    }
+    return (PyObject **)((char *)step + member->offset);
+}
+
+/* STEP.name (a new reference), as slot_get reads it. */
+static PyObject *step_name(Hook *self, PyObject *step) {
+    PyObject **address = step_slot(self, step, SLOT_NAME);
+    if (address != NULL && *address != NULL) {
+        Py_INCREF(*address);
+        return *address;
+    }
+    return slot_get(step, s_name);
+}
+
+/* STEP.progress = VALUE, as slot_set stores it: 0, or -1 with an exception. */
+static int set_progress(Hook *self, PyObject *step, PyObject *value) {
+    PyObject **address = step_slot(self, step, SLOT_PROGRESS);
+    if (address == NULL) {
+        return slot_set(step, s_progress, value);
+    }
+    Py_INCREF(value);
+    Py_XSETREF(*address, value);
+    return 0;
+}
+
 /* This thread's ident as an int (a new reference), made again only when another thread imports. */
 static PyObject *thread_key(Hook *self) {
     unsigned long ident = PyThread_get_thread_ident();
