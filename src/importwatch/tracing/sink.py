@@ -133,6 +133,11 @@ class Sink(SINK_BASE):  # type: ignore[misc,valid-type]
     Each line goes out in a single os.write per channel: nothing is buffered, a
     hung or killed process has already written everything it announced, and
     lines from several processes appending to one file never interleave.
+
+    With the C accelerator the class derives from _speedups.Counted (SINK_BASE),
+    which counts every attribute set: the C hook reads what emit reads of the sink
+    once, and again after a set (_speedups_route.h). So change the sink's state by
+    setting its attributes, never through its __dict__.
     """
 
     def __init__(self, stderr_fd: int = _STDERR) -> None:
