@@ -193,7 +193,10 @@ static int fast_emit(Hook *self, int end, Py_ssize_t depth, const char *mark, Py
     /* The stamp, made anew by the sink (_set_stamp) once a millisecond; then the line. */
     double now = route->wall_builtin ? seconds_of(CLOCK_REALTIME) : -1.0; /* time.time: read here as it reads it */
     if (now < 0.0) {
-        value = PyObject_CallNoArgs(route->wall);
+        PyObject *wall = route->wall; /* held through the call: what it runs may read the route again */
+        Py_INCREF(wall);
+        value = PyObject_CallNoArgs(wall);
+        Py_DECREF(wall);
         now = value == NULL ? -1.0 : PyFloat_AsDouble(value);
         Py_CLEAR(value);
         if (now == -1.0 && PyErr_Occurred()) {
