@@ -87,6 +87,7 @@ typedef struct {
     PyObject *step_type;  /* TracedStep */
     PyObject *escape;     /* events.escape, for a name that is not printable ASCII */
     PyObject *slots[SLOTS];
+    Py_ssize_t slot_offsets[SLOTS]; /* where each slot is in a step, or -1: not a plain object slot */
     int monotonic;         /* clock is time.monotonic itself: read here (clock_now) */
     PyObject *sink_dict;   /* the sink's __dict__, or NULL: see _speedups_attrs.h */
     PyObject *tracer_dict; /* the tracer's */
@@ -485,6 +486,8 @@ static PyObject *make_hook(PyObject *module, PyObject *args) {
             Py_DECREF(self);
             return NULL;
         }
+        PyMemberDef *member = ((PyMemberDescrObject *)self->slots[i])->d_member;
+        self->slot_offsets[i] = member->type == T_OBJECT_EX && member->flags == 0 ? member->offset : -1;
     }
     return (PyObject *)self;
 }

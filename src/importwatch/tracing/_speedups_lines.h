@@ -162,13 +162,12 @@ static PyObject *new_step(Hook *self, PyObject *name, PyObject *start) {
     }
     PyObject *values[SLOTS] = {name, s_import, start, start, Py_None, Py_None};
     for (int i = 0; i < SLOTS; i++) {
-        PyObject *slot = self->slots[i];
-        PyMemberDef *member = ((PyMemberDescrObject *)slot)->d_member;
-        if (member->type == T_OBJECT_EX && member->flags == 0) { /* an object slot, empty: member_set's store */
-            PyObject **address = (PyObject **)((char *)step + member->offset);
+        Py_ssize_t offset = self->slot_offsets[i];
+        if (offset >= 0) { /* an object slot: member_set's store, at the offset read once (make_hook) */
+            PyObject **address = (PyObject **)((char *)step + offset);
             Py_INCREF(values[i]);
             Py_XSETREF(*address, values[i]);
-        } else if (Py_TYPE(slot)->tp_descr_set(slot, step, values[i]) < 0) {
+        } else if (Py_TYPE(self->slots[i])->tp_descr_set(self->slots[i], step, values[i]) < 0) {
             Py_DECREF(step);
             return NULL;
         }
@@ -177,13 +176,13 @@ static PyObject *new_step(Hook *self, PyObject *name, PyObject *start) {
 }
 
 /* Where STEP's slot INDEX (SLOT_NAME...) is when STEP is a TracedStep itself and the slot an object slot,
-   from the member descriptor the hook holds: no type lookup. NULL otherwise (then getattr's way). */
+   at the offset the hook read once from its member descriptor: no type lookup. NULL otherwise (getattr's way). */
 static PyObject **step_slot(Hook *self, PyObject *step, int index) {
-    PyMemberDef *member = ((PyMemberDescrObject *)self->slots[index])->d_member;
-    if (Py_TYPE(step) != (PyTypeObject *)self->step_type || member->type != T_OBJECT_EX || member->flags != 0) {
+    Py_ssize_t offset = self->slot_offsets[index];
+    if (Py_TYPE(step) != (PyTypeObject *)self->step_type || offset < 0) {
         return NULL;
     }
-    return (PyObject **)((char *)step + member->offset);
+    return (PyObject **)((char *)step + offset);
 }
 
 /* STEP.name (a new reference), as slot_get reads it. */
