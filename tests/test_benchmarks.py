@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -94,3 +95,20 @@ def test_missing_strace_and_python_are_reported_and_skipped(tmp_path):
     assert "system calls: strace is not installed" in result["skipped"]
     assert result["workloads"]["chain"]["syscalls"] is None
     assert result["targets"]["frames_added_per_import"] is not None
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_the_imports_alone_are_timed_in_every_mode(tmp_path):
+    # bench_inside.py: no figure is judged here (timings are benchmarks, never tests), only that every
+    # mode ran and printed its row.
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_inside.py"), "--rounds", "1", "--modules", "20", "--log"],
+        env=clean_env(), capture_output=True, text=True, timeout=100,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "22 imports, 1 rounds" in done.stdout  # 20 modules, their package, bench_all
+    for mode in ("plain", "loaded", "stalls", "log"):
+        assert re.search(
+            rf"^  {mode} +[\d.]+ ms; over plain, per import: +[-+][\d.]+ us wall", done.stdout, re.M
+        ), done.stdout

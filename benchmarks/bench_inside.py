@@ -1,0 +1,96 @@
+"""Per-import cost timed inside each process: the imports alone, without start-up and exit.
+
+    python benchmarks/bench_inside.py [--rounds 51] [--modules 4000] [--log]
+
+Each process times `import bench_all` (a generated tree of small modules, as
+bench_kernel.py makes it) with time.perf_counter and time.process_time around that one
+statement, and prints both. The modes run in alternating order, round after round:
+
+    plain     python -c CODE
+    loaded    the same, after importing importwatch's start-up modules: nothing traced
+    stalls    IMPORTWATCH=1 IMPORTWATCH_STDERR=stalls python -c CODE   (no log, no watcher)
+    log       IMPORTWATCH=1 IMPORTWATCH_LOG=FILE (with --log; stderr to a pipe we read)
+
+Each figure is the median over rounds of (mode - plain) within a round, per import. A
+process's start-up and exit, and their noise, stay out of it; "loaded" shows what merely
+having importwatch's modules in the process costs the imports (a larger heap), and what the
+machine's noise is. Why time and instruction counts differ here (cache misses and branch
+mispredictions, not instructions): docs/performance.md. Standard library only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from bench_overhead import make_tree
+
+_TIMED = (
+    "import time; t = time.perf_counter(); c = time.process_time(); import bench_all; "
+    "print(time.perf_counter() - t, time.process_time() - c)"
+)
+
+
+def _start_up_modules(python: str) -> list[str]:
+    """importwatch's modules that IMPORTWATCH=1 loads at start (the C module left to the import of the rest)."""
+    env = dict(os.environ, IMPORTWATCH="1", IMPORTWATCH_STDERR="none", IMPORTWATCH_TIMEOUT="0")
+    code = "import sys; print(' '.join(m for m in sys.modules if m.startswith('importwatch')))"
+    found = subprocess.run([python, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    return [name for name in found.split() if not name.endswith("._speedups")]
+
+
+def _run(python: str, code: str, env: dict[str, str]) -> tuple[float, float]:
+    done = subprocess.run([python, "-c", code], env=env, capture_output=True, text=True, check=True)
+    wall, cpu = done.stdout.split()[-2:]
+    return float(wall), float(cpu)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=51, help="rounds of every mode (default 51)")
+    parser.add_argument("--modules", type=int, default=4000, help="modules in the tree (default 4000)")
+    parser.add_argument("--log", action="store_true", help="also time every line on stderr and in a log")
+    options = parser.parse_args()
+    python = sys.executable
+    base = {k: v for k, v in os.environ.items() if not k.startswith("IMPORTWATCH")}
+    with tempfile.TemporaryDirectory() as scratch:
+        folder = Path(scratch)
+        make_tree(folder, options.modules)
+        imports = options.modules + (options.modules + 49) // 50 + 1  # the modules, their packages, bench_all
+        base["PYTHONPATH"] = str(folder)
+        loaded = "".join(f"import {name}; " for name in _start_up_modules(python))
+        modes = {
+            "plain": (base, _TIMED),
+            "loaded": (base, loaded + _TIMED),
+            "stalls": (dict(base, IMPORTWATCH="1", IMPORTWATCH_STDERR="stalls"), _TIMED),
+        }
+        if options.log:
+            modes["log"] = (dict(base, IMPORTWATCH="1", IMPORTWATCH_LOG=str(folder / "trace.log")), _TIMED)
+        _run(python, _TIMED, base)  # bytecode caches written first: compiling is not tracing
+        runs: dict[str, list[tuple[float, float]]] = {name: [] for name in modes}
+        for index in range(options.rounds):
+            order = list(modes) if index % 2 else list(reversed(modes))
+            for name in order:
+                env, code = modes[name]
+                runs[name].append(_run(python, code, env))
+    print(
+        f"python {sys.version.split()[0]}: {imports} imports, {options.rounds} rounds, timed inside each process"
+    )
+    for name, results in runs.items():
+        wall = statistics.median(w for w, _ in results) * 1000
+        added = [(w - pw, c - pc) for (w, c), (pw, pc) in zip(results, runs["plain"])]
+        per_wall = statistics.median(a for a, _ in added) / imports * 1e6
+        per_cpu = statistics.median(b for _, b in added) / imports * 1e6
+        print(
+            f"  {name:7s} {wall:7.1f} ms; over plain, per import: {per_wall:+6.2f} us wall, {per_cpu:+6.2f} us CPU"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
