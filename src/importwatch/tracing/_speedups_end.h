@@ -94,7 +94,7 @@ done:
 
 /* A BaseException of ours propagates in place of the import's outcome; the import's own error, if
    any, becomes its __context__, as Python's implicit chaining would make it. */
-static void chain(Saved *import_error) {
+RARE static void chain(Saved *import_error) {
     if (import_error->value == NULL) {
         return;
     }

@@ -11,7 +11,7 @@ typedef struct {
     PyObject *type, *value, *traceback;
 } Saved;
 
-static void save_error(Saved *saved) {
+RARE static void save_error(Saved *saved) {
 #if PY_VERSION_HEX >= 0x030C0000
     saved->value = PyErr_GetRaisedException();
     saved->type = saved->traceback = NULL;
@@ -24,7 +24,7 @@ static void save_error(Saved *saved) {
 #endif
 }
 
-static void restore_error(Saved *saved) {
+RARE static void restore_error(Saved *saved) {
 #if PY_VERSION_HEX >= 0x030C0000
     PyErr_SetRaisedException(saved->value);
 #else
@@ -33,7 +33,7 @@ static void restore_error(Saved *saved) {
     saved->type = saved->value = saved->traceback = NULL;
 }
 
-static void drop_error(Saved *saved) {
+RARE static void drop_error(Saved *saved) {
     Py_CLEAR(saved->type);
     Py_CLEAR(saved->value);
     Py_CLEAR(saved->traceback);
@@ -42,7 +42,7 @@ static void drop_error(Saved *saved) {
 /* An exception of ours is set. An Exception is said through tracer.internal_error("writing a line", error)
    and cleared, as the closure's `except Exception` does (a failure to say it is dropped too): 0. Anything
    else (KeyboardInterrupt) stays set, to propagate as it would from the closure: -1. */
-static int said(Hook *self) {
+RARE static int said(Hook *self) {
     if (!PyErr_ExceptionMatches(PyExc_Exception)) {
         return -1;
     }
@@ -227,7 +227,7 @@ static void keep_spare(Hook *self, PyObject *step) {
 }
 
 /* "TypeName: message", as the closure's f"{type(error).__name__}: {error}". */
-static PyObject *failure_text(PyObject *error) {
+RARE static PyObject *failure_text(PyObject *error) {
     PyObject *type_name = PyObject_GetAttr((PyObject *)Py_TYPE(error), s_dunder_name);
     if (type_name == NULL) {
         return NULL;

@@ -59,7 +59,7 @@ static void route_drop(Route *route) {
 
 /* Everything Sink.emit reads of the sink for the hook's two lines, read now and kept at its count (where
    the sink is a Counted and `_loud` has answered for both kinds). 0, or -1 with an exception. */
-static int route_read(Hook *self) {
+RARE static int route_read(Hook *self) {
     Route *route = &self->route;
     route_drop(route);
     PyObject *loud = sink_get(self, s_loud), *value = NULL;
