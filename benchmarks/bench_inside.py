@@ -61,7 +61,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch)
         make_tree(folder, options.modules)
-        imports = options.modules + (options.modules + 49) // 50 + 1  # the modules, their packages, bench_all
+        packages = list(folder.glob("bench_pkg*"))  # each imported too, as is bench_all
+        imports = sum(len(list(package.glob("mod*.py"))) for package in packages) + len(packages) + 1
         base["PYTHONPATH"] = str(folder)
         loaded = "".join(f"import {name}; " for name in _start_up_modules(python))
         modes = {

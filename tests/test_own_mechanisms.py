@@ -204,12 +204,12 @@ def test_the_watcher_reports_from_outside_and_is_never_the_programs_child(
 
 # A sandbox may refuse the C way's clone (seccomp): the double fork then starts the watcher.
 REFUSED_CLONE = """
-    from importwatch.tracing import hook
+    from importwatch.tracing.accelerator import ACCELERATOR
 
     def refused(*args):
         raise PermissionError(1, "clone refused")
 
-    hook.ACCELERATOR.spawn_detached = refused
+    ACCELERATOR.spawn_detached = refused
     import importwatch
     importwatch.install(timeout=0.4)
     import nap

@@ -17,12 +17,13 @@ import time
 import pytest
 
 from helpers import clean_env, importwatch
-from importwatch.tracing import hook, ring
+from importwatch.tracing import ring
+from importwatch.tracing.accelerator import ACCELERATOR
 
 C = {"IMPORTWATCH_PURE": "0"}
 PURE = {"IMPORTWATCH_PURE": "1"}
 PATHS = [pytest.param(C, id="C"), pytest.param(PURE, id="pure")]
-if hook.ACCELERATOR is None:
+if ACCELERATOR is None:
     PATHS[0] = pytest.param(C, id="C", marks=pytest.mark.skip(reason="the C accelerator is not built here"))
 
 MODULES = 300
@@ -101,9 +102,9 @@ def test_the_ring_holds_the_lines_the_log_got(tmp_path, path):
 
 @pytest.mark.parametrize("accelerated", [True, False], ids=["C mapping", "mmap"])
 def test_a_reader_a_ring_behind_loses_the_oldest_bytes_and_counts_them(accelerated):
-    if accelerated and hook.ACCELERATOR is None:
+    if accelerated and ACCELERATOR is None:
         pytest.skip("the C accelerator is not built here")
-    fd, writer = ring.create(hook.ACCELERATOR if accelerated else None)
+    fd, writer = ring.create(ACCELERATOR if accelerated else None)
     try:
         reader = ring.RingReader(fd)
     finally:

@@ -124,7 +124,7 @@ def _subcommand_first(args: list[str], target: Target) -> str:
 
 def _version_text() -> str:
     """The version, and which per-import hook this interpreter gets (the C accelerator or pure Python)."""
-    from importwatch.tracing.hook import HOT_PATH
+    from importwatch.tracing.accelerator import HOT_PATH
 
     return f"importwatch {__version__} (hot path: {HOT_PATH})\n"
 

@@ -245,8 +245,7 @@ static PyObject *hook_call(PyObject *callable, PyObject *const *args, size_t nar
         int wanted = route_structured(self), fast = 0;
         PyObject *fields = NULL, *text = NULL, *result = NULL;
         if (wanted == 0) { /* a text log or none: written here in the common case, or nowhere to go */
-            fast = route_nowhere(self, 0);
-            fast = fast != 0 ? fast : fast_emit(self, 0, depth, "> ", shown, NULL);
+            fast = fast_emit(self, 0, depth, "> ", shown, NULL);
             if (fast != 0) {
                 result = fast > 0 ? Py_None : NULL;
                 Py_XINCREF(result);

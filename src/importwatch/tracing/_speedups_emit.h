@@ -141,15 +141,18 @@ static int new_stamp(Hook *self, long long msec) {
    to go); 0: not the common case, nothing done (Sink.emit does it); -1: an exception, as emit would raise. */
 static int fast_emit(Hook *self, int end, Py_ssize_t depth, const char *mark, PyObject *shown, const char *tail) {
     Route *route = &self->route;
-    if (!PyUnicode_IS_ASCII(shown) || route_fresh(self) < 0) {
-        return PyErr_Occurred() ? -1 : 0;
+    if (route_fresh(self) < 0) {
+        return -1;
     }
     int loud_kind = route->loud[end], log_on = 0, feed_on = 0, stderr_on = 0;
     if (loud_kind < 0) {
         return 0; /* a kind `_loud` has not answered yet: emit asks it */
     }
     if (route->nowhere[end]) {
-        return 1; /* this line goes nowhere */
+        return 1; /* this line goes nowhere: Sink.emit's first test */
+    }
+    if (!PyUnicode_IS_ASCII(shown)) {
+        return 0; /* escape() gives ASCII: a broken escape is emit's */
     }
     if (route->main_thread != PyThread_get_thread_ident()) {
         return 0; /* another thread's name goes in its lines */

@@ -19,7 +19,7 @@ import _thread
 import sys
 
 from importwatch.events import IMPORT_END, STEP, STEP_END, VERDICT, escape
-from importwatch.tracing.accelerator import ACCELERATOR, HOT_PATH, PURE_ENV  # noqa: F401 (said by cli, doctor)
+from importwatch.tracing.accelerator import ACCELERATOR
 from importwatch.tracing.forklocks import owner_text
 from importwatch.tracing.sink import CLOCKS
 
@@ -53,10 +53,6 @@ IMPORTLIB_FILENAME = _bootstrap._find_and_load.__code__.co_filename
 # types.FunctionType, without importing types at start-up (plain python has not).
 FunctionType = type(lambda: None)
 NEVER = float("inf")
-
-# The C twin of Tracer._make_find_and_load's closure, or None; ACCELERATOR is it, for the other users of
-# the C module (ring.create maps the watcher's feed with it).
-_speedups = ACCELERATOR
 
 
 class TracedStep:
@@ -201,9 +197,9 @@ class Tracer:
         """ORIGINAL traced: by the C accelerator, which adds no frame below a module body, where it is
         built; else by the closure below, its twin, filed under importlib's name so that a failed
         import's traceback drops it (see as_importlib_frame), which still adds one frame per import."""
-        if _speedups is not None:
+        if ACCELERATOR is not None:
             try:
-                return _speedups.find_and_load(
+                return ACCELERATOR.find_and_load(
                     original, self, self.sink, self.sink.emit, CLOCKS.monotonic, TracedStep, escape
                 )
             except Exception as error:  # a TracedStep or Tracer the C code does not know: the twin

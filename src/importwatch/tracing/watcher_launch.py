@@ -66,13 +66,14 @@ def launch(sink: Sink, settings: Settings) -> str | None:
     refused = _refused(executable)
     if refused:
         return refused
-    from importwatch.tracing import hook, ring
+    from importwatch.tracing import ring
+    from importwatch.tracing.accelerator import ACCELERATOR
 
-    spawn = hook.ACCELERATOR if hasattr(hook.ACCELERATOR, "spawn_detached") else None
+    spawn = ACCELERATOR if hasattr(ACCELERATOR, "spawn_detached") else None
     if spawn is not None and spawn.child_subreaper():
         return _ADOPTED
     try:
-        ring_fd, feed_ring = ring.create(hook.ACCELERATOR)
+        ring_fd, feed_ring = ring.create(ACCELERATOR)
     except (AttributeError, OSError) as error:  # no memfd_create (Linux < 3.17), or no memory
         return f"no shared memory for its feed ({getattr(error, 'strerror', None) or error})"
     try:

@@ -21,7 +21,7 @@ from importwatch.tools.doctor.child import child_env
 from importwatch.tools.doctor.cudacheck import architecture_checks, check_cuda, cuda_skip_reasons
 from importwatch.tools.doctor.importcheck import check_import
 from importwatch.tracing import banner
-from importwatch.tracing.hook import HOT_PATH
+from importwatch.tracing.accelerator import HOT_PATH
 from importwatch.usage import UsageError, argument_parser, fail
 
 TYPE_CHECKING = False
