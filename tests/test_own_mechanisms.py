@@ -235,6 +235,108 @@ def test_where_the_c_start_is_refused_the_double_fork_starts_the_watcher(tmp_pat
     )
 
 
+# Waits for children and counts SIGCHLD from its first line on, while the watcher may still be starting
+# (a thread of ours starts it: the program does not wait for that).
+WAITS_AT_ONCE = """
+    import os, signal, time
+
+    signals = []
+    signal.signal(signal.SIGCHLD, lambda number, frame: signals.append(number))
+    seen = []
+    deadline = time.monotonic() + 0.3
+    while time.monotonic() < deadline:
+        try:
+            seen.append(os.waitpid(-1, os.WNOHANG))
+        except ChildProcessError:
+            pass
+    print(f"children seen {seen}, SIGCHLD {len(signals)}")
+"""
+
+
+@pytest.mark.timeout(120)
+@LAUNCHES
+def test_the_watchers_start_under_way_is_never_the_programs_child(
+    tmp_path: Path, launch: dict[str, str]
+) -> None:
+    script = write(tmp_path, WAITS_AT_ONCE)
+    for mode, (command, env) in _commands(script, **launch).items():
+        result = subprocess.run(command, capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
+        assert (result.returncode, result.stdout) == (0, "children seen [], SIGCHLD 0\n"), (
+            mode,
+            result.stderr[-2000:],
+        )
+        assert "no watcher process" not in result.stderr, mode
+
+
+# The C start itself, with a handler for SIGCHLD installed first: the intermediate sends none and is
+# reaped by our thread, never by the program's wait; the descriptors handed over are closed once held.
+C_START = """
+    import os, signal
+    from importwatch.tracing import _speedups
+
+    signals = []
+    signal.signal(signal.SIGCHLD, lambda number, frame: signals.append(number))
+    handed, kept = os.pipe()
+    _speedups.spawn_detached(b"/bin/sh", [b"/bin/sh", b"-c", b"exit 0"], [], 2, (), (handed,))
+    started = _speedups.spawn_started(30.0)
+    try:
+        os.fstat(handed)
+        handed_closed = False
+    except OSError:
+        handed_closed = True
+    try:
+        os.waitpid(-1, os.WNOHANG)
+        child = "a child"
+    except ChildProcessError:
+        child = "no child"
+    os.fstat(kept)
+    print(started > 0, handed_closed, child, len(signals))
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(
+    importlib.util.find_spec("importwatch.tracing._speedups") is None,
+    reason="the C accelerator is not built here",
+)
+def test_the_c_start_sends_the_program_no_sigchld_and_closes_what_it_handed_over(tmp_path: Path) -> None:
+    script = write(tmp_path, C_START)
+    result = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=clean_env()
+    )
+    assert (result.returncode, result.stdout) == (0, "True True no child 0\n"), result.stderr[-2000:]
+
+
+# The watcher's python cannot be run: the thread that starts it finds out after the program went on.
+UNRUNNABLE_WATCHER = """
+    import os, sys
+
+    sys.executable = os.path.abspath("notpython")  # exists, but may not be run
+    import importwatch
+    importwatch.install(timeout=5)
+    sys.executable = os.path.abspath("notpython")
+    import json, email  # a step with nothing in flight looks at our descriptors, and at the start
+    print("ran on")
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(
+    importlib.util.find_spec("importwatch.tracing._speedups") is None,
+    reason="the C accelerator is not built here",
+)
+def test_a_watcher_that_cannot_start_in_the_background_is_said_once(tmp_path: Path) -> None:
+    (tmp_path / "notpython").write_text("not a program\n")
+    script = write(tmp_path, UNRUNNABLE_WATCHER)
+    env = clean_env(IMPORTWATCH_WATCHER="1", IMPORTWATCH_PURE="0")
+    result = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path
+    )
+    assert (result.returncode, result.stdout) == (0, "ran on\n"), result.stderr[-2000:]
+    said = [line for line in result.stderr.splitlines() if "no watcher process" in line]
+    assert len(said) == 1 and "Permission denied" in said[0], result.stderr[-2000:]
+
+
 @pytest.mark.timeout(120)
 @LAUNCHES
 def test_a_child_subreaper_gets_no_watcher_child(tmp_path: Path, launch: dict[str, str]) -> None:

@@ -115,7 +115,7 @@ static int counted_setattro(PyObject *object, PyObject *name, PyObject *value); 
 #include "_speedups_emit.h" /* fast_emit: the lines, written as Sink.emit would */
 #include "_speedups_end.h" /* end_line: the import's end line, and progress told */
 #include "_speedups_guards.h" /* guards_hold: our descriptors, looked at without the sink's check */
-#include "_speedups_spawn.h" /* spawn_detached: the watcher started without a copy of the program */
+#include "_speedups_spawn.h" /* spawn_detached: the watcher started by a thread of ours, without a copy of the program */
 
 /* -- the hook -------------------------------------------------------------------------------- */
 static PyObject *call_original(Hook *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
@@ -505,8 +505,11 @@ static PyMethodDef methods[] = {
      "find_and_load(original, tracer, sink, emit, clock, step_type, escape): importlib's ORIGINAL "
      "_find_and_load, traced for TRACER as Tracer._make_find_and_load's closure does, with no frame."},
     {"spawn_detached", spawn_detached, METH_VARARGS,
-     "spawn_detached(executable, argv, env, stderr_fd, keep): the watcher started, orphaned at once, without a "
-     "copy of this process (watcher_launch.launch); its pid."},
+     "spawn_detached(executable, argv, env, stderr_fd, keep, close): the watcher started by a thread of ours, "
+     "orphaned at once, without a copy of this process (watcher_launch.launch); returns at once."},
+    {"spawn_started", spawn_started, METH_O,
+     "spawn_started(wait): the watcher's pid once spawn_detached has started it, None while it is under way "
+     "(after waiting up to WAIT seconds); OSError where it failed."},
     {"child_subreaper", child_subreaper, METH_NOARGS, "child_subreaper(): whether this process adopts orphans."},
     {"duration_text", duration_text, METH_O,
      "duration_text(ms): an end line's tail, as the hook writes it (f\" {ms:.3f} ms\"): for the twins' test."},

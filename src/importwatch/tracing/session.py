@@ -37,6 +37,8 @@ if TYPE_CHECKING:
 _FORK_WARNS = sys.version_info >= (3, 12)
 # How long a fork may wait for the threads we ended to be gone from the kernel's count.
 _THREADS_GONE_WAIT = 0.05
+# How long a fork may wait for the watcher's start under way (a thread of ours: see watcher_launch).
+_WATCHER_START_WAIT = 1.0
 # The modules whose init steps tracing/blocking.py wraps (BlockingSteps._targets, which a test
 # holds to this list). That module, the costliest of ours at start-up, is imported only when one
 # of them is: most programs never import them.
@@ -239,10 +241,7 @@ class Session:
         if why is not None:
             self.sink.warn(f"no watcher process: {why}")
             return
-        # What is mapped now, told through the feed: the watcher's own first look at the maps
-        # may come after the first dlopen has begun, and could not tell its libraries as new.
-        for path in self.native.mapped_now():
-            self.sink.feed_line(f"#mapped {path}")
+        self.native.tell_mapped = True  # at the first native load (see NativeLoads.tell_mapped)
 
     def _start_faulthandler(self) -> None:
         """Fatal signals dump every thread's stack to the text log; SIGUSR1 too when asked for.
@@ -275,6 +274,7 @@ class Session:
         the program's warning about forking with threads depends on it.
         """
         self._forker = _thread.get_ident()
+        self.sink.watcher_started(_WATCHER_START_WAIT)  # no start of ours under way across the fork
         threads = _count_threads() if _FORK_WARNS else 0
         timer_before = self.faults.thread_alive(CLOCKS.monotonic())
         ended = self.watchdog.before_fork() if self.watchdog is not None else False

@@ -292,12 +292,18 @@ class Sink(SINK_BASE):  # type: ignore[misc,valid-type]
         if log is not None and not log.broken and identity(log.fd) != log.ident:
             self._log_lost(log)
         feed = self.feed
+        if feed is not None and feed.starting is not None:
+            self.watcher_started()
+            feed = self.feed
         if feed is not None and not feed.closed and identity(feed.fd) != feed.ident:
             feed.closed = True  # the pipe's end told the watcher we were gone: nobody reads the ring now
         live = [(stderr.fd, stderr.ident)] if not stderr.broken else []
         live += [(log.fd, log.ident)] if log is not None and not log.broken else []
         live += [(feed.fd, feed.ident)] if feed is not None and not feed.closed else []
-        self.guards = tuple((fd, *ident) for fd, ident in live if ident is not None)
+        # While the watcher's start is under way (a few milliseconds), no guards: each step with nothing
+        # in flight then comes here, so a start that failed is said at once.
+        starting = feed is not None and feed.starting is not None
+        self.guards = None if starting else tuple((fd, *ident) for fd, ident in live if ident is not None)
 
     def _log_lost(self, log: Channel) -> None:
         if log.broken and log.ident is None:
@@ -311,15 +317,35 @@ class Sink(SINK_BASE):  # type: ignore[misc,valid-type]
         if self.on_log_lost is not None:
             self.on_log_lost()
 
-    def attach_feed(self, fd: int, ring: Ring) -> None:
-        """From now on every text line also goes to the watcher's RING; the pipe FD tells it of the end (see Feed)."""
+    def attach_feed(self, fd: int, ring: Ring, starting: Callable[[float], int | None] | None = None) -> None:
+        """From now on every text line also goes to the watcher's RING; the pipe FD tells it of the end (see Feed).
+
+        STARTING: how the watcher's start in the background went, looked at by watcher_started.
+        """
         from importwatch.tracing.ring import Feed  # loaded by the watcher's launch already
 
         self.close_feed()
-        self.feed = Feed(fd, ring)
+        self.feed = Feed(fd, ring, starting)
         self.guards = None
         for ident, name in self._own_threads.items():  # named before there was a watcher (a fork child's)
             self.feed.announce(ident, name, self._own_tids[ident])
+
+    def watcher_started(self, wait: float = 0.0) -> None:
+        """Once the watcher's start in the background has ended (waiting up to WAIT seconds): where it
+        failed, say so once and stop feeding it. Looked at with our descriptors, at a fork and at exit."""
+        feed = self.feed
+        starting = feed.starting if feed is not None else None
+        if starting is None:
+            return
+        try:
+            if starting(wait) is None:
+                return  # still under way
+        except OSError as error:
+            feed.starting = None
+            self.close_feed()
+            self.warn(f"no watcher process: {error.strerror or error}")
+            return
+        feed.starting = None
 
     def close_feed(self) -> None:
         if self.feed is not None:

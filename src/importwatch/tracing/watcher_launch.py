@@ -15,8 +15,10 @@ How it is started (launch(), in the traced process, at activation):
   never the program's child, so the program's own os.wait() never sees it and it never
   becomes the program's zombie. With the C accelerator both processes share the
   program's memory until the exec (_speedups.spawn_detached: no copy of its page
-  tables, which for a fork child of a process with torch loaded cost 10-20 ms); the
-  pure-Python twin double-forks (as does the C way where a sandbox refuses its clone),
+  tables, which for a fork child of a process with torch loaded cost 10-20 ms), and a
+  thread of ours does it, so the program never waits for the watcher's exec (the
+  outcome is looked at later: Sink.watcher_started); the
+  pure-Python twin double-forks (as does the C way where its thread cannot start),
   the watcher-to-be waiting for a go once the program has seen it was not adopted. It runs `python -I -S`, in its own session,
   with stdin and stdout on /dev/null; the stderr it holds is a dup of the program's,
   because the death line must still reach it after the program is gone. So it
@@ -49,6 +51,8 @@ if TYPE_CHECKING:
 
 # How long the program's exit waits for the watcher to finish the lines it is writing.
 HUSH_WAIT = 1.0
+# How long a fork, or a second start, waits for a start under way (milliseconds, but a loaded machine).
+_START_WAIT = 1.0
 _HUSH_TRY = 0.002
 # The folder importwatch is imported from: the watcher runs with -I -S, so it is put on its path.
 _PACKAGE_ROOT = os.path.dirname(
@@ -113,10 +117,10 @@ def launch(sink: Sink, settings: Settings) -> str | None:
     argv += ["--", *options]
     stderr = sink.stderr.fd  # the pytest plugin writes to a copy of stderr taken before capture
     inherited = (read_fd, ring_fd, log_fd)
-    if spawn is not None and _spawned(spawn, executable, argv, env, stderr, inherited):
-        os.close(ring_fd)  # the watcher holds its own; the program, only the mapping
-        os.close(read_fd)  # the watcher's too
-        sink.attach_feed(write_fd, feed_ring)
+    if spawn is not None and _spawned(spawn, executable, argv, env, stderr, inherited, (ring_fd, read_fd)):
+        # A thread of ours starts it, and closes the ring's and the pipe's read end then: the watcher
+        # holds its own; the program, only the mapping.
+        sink.attach_feed(write_fd, feed_ring, starting=spawn.spawn_started)
         return None
     # The watcher-to-be waits for a go on GO.
     go_read, go_write = os.pipe()
@@ -146,10 +150,15 @@ def _spawned(
     env: dict[str, str],
     stderr: int,
     inherited: tuple[int | None, ...],
+    closed: tuple[int, ...],
 ) -> bool:
-    """The C way (_speedups.spawn_detached): nothing of the program copied, no go needed (the subreaper
-    was asked first). False where it could not start the watcher (a sandbox that refuses clone with
-    shared memory, say): then the double fork tries."""
+    """The C way (_speedups.spawn_detached): a thread of ours starts the watcher while the program goes
+    on, nothing of the program copied, no go needed (the subreaper was asked first); it closes CLOSED
+    then. False where that thread could not be started: then the double fork tries."""
+    try:
+        spawn.spawn_started(_START_WAIT)  # an earlier start (a reconfiguration's) has ended
+    except OSError:
+        pass  # said where it was found, or never to be: that watcher is not this one
     try:
         spawn.spawn_detached(
             os.fsencode(executable),
@@ -157,8 +166,9 @@ def _spawned(
             [os.fsencode(name) + b"=" + os.fsencode(value) for name, value in env.items()],
             stderr,
             tuple(fd for fd in inherited if fd is not None),
+            closed,
         )
-    except (OSError, ValueError):  # ValueError: a descriptor it cannot pass on
+    except (OSError, ValueError, RuntimeError):  # ValueError: a descriptor it cannot pass on
         return False
     return True
 
@@ -258,6 +268,9 @@ def hush(sink: Sink) -> None:
     feed = sink.feed
     if feed is None or feed.closed or _fcntl is None:
         return  # (closed: the program took the pipe's number over, and a lock there would be on its file)
+    sink.watcher_started()  # where its start failed, said (and nothing to silence)
+    if sink.feed is None:
+        return
     fcntl = _fcntl  # not `import fcntl`: at the exit that import would be one more of the program's
     sink.feed_line("#exit")
     # Counted in tries, not by the clock: a debugger that stops this process meanwhile (the
