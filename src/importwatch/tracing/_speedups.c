@@ -511,6 +511,8 @@ static PyMethodDef methods[] = {
      "spawn_started(wait): the watcher's pid once spawn_detached has started it, None while it is under way "
      "(after waiting up to WAIT seconds); OSError where it failed."},
     {"child_subreaper", child_subreaper, METH_NOARGS, "child_subreaper(): whether this process adopts orphans."},
+    {"lock_now", lock_now, METH_O,
+     "lock_now(fd): flock(fd, LOCK_EX | LOCK_NB); True once taken, False while another process holds it."},
     {"duration_text", duration_text, METH_O,
      "duration_text(ms): an end line's tail, as the hook writes it (f\" {ms:.3f} ms\"): for the twins' test."},
     {"shared_memory", shared_memory, METH_VARARGS,

@@ -36,15 +36,17 @@ What it reports: see watcher/loop.py.
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 
 from importwatch import config
 from importwatch.facts import procstat
+from importwatch.tracing.descriptors import high_descriptor
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any
+    from typing import Any, Callable
 
     from importwatch.config import Settings
     from importwatch.tracing.sink import Sink
@@ -58,8 +60,9 @@ _HUSH_TRY = 0.002
 _PACKAGE_ROOT = os.path.dirname(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 )  # above importwatch/tracing/
-# fcntl, once the watcher is launched (see hush).
-_fcntl: Any = None
+# How hush takes the lock at the exit, chosen at the launch (no import is made at the exit): the C
+# accelerator's lock_now, else fcntl's flock (imported then, and held: tracing/handback.py).
+_lock_now: Callable[[int], bool] | None = None
 _ADOPTED = "this process is a child subreaper, so the watcher would be its child (its os.wait() would see it)"
 _BOOT = "import sys; sys.path.insert(0, sys.argv.pop(1)); from importwatch.watcher.loop import main; sys.exit(main())"
 
@@ -81,7 +84,7 @@ def launch(sink: Sink, settings: Settings) -> str | None:
     except (AttributeError, OSError) as error:  # no memfd_create (Linux < 3.17), or no memory
         return f"no shared memory for its feed ({getattr(error, 'strerror', None) or error})"
     try:
-        read_fd, write_fd = _pipe()
+        read_fd, write_fd = _pipe(spawn)
         ring_fd = _above_stdio(ring_fd)
     except OSError:
         os.close(ring_fd)
@@ -266,46 +269,61 @@ def hush(sink: Sink) -> None:
     import time
 
     feed = sink.feed
-    if feed is None or feed.closed or _fcntl is None:
+    lock_now = _lock_now
+    if feed is None or feed.closed or lock_now is None:
         return  # (closed: the program took the pipe's number over, and a lock there would be on its file)
     sink.watcher_started()  # where its start failed, said (and nothing to silence)
     if sink.feed is None:
         return
-    fcntl = _fcntl  # not `import fcntl`: at the exit that import would be one more of the program's
     sink.feed_line("#exit")
     # Counted in tries, not by the clock: a debugger that stops this process meanwhile (the
     # watcher's, reading stacks it will write once it lets go) must not use up the wait.
     for _ in range(int(HUSH_WAIT / _HUSH_TRY)):
         try:
-            fcntl.flock(feed.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return
-        except BlockingIOError:
-            time.sleep(_HUSH_TRY)
+            if lock_now(feed.fd):
+                return
         except OSError:
             return
+        time.sleep(_HUSH_TRY)
     # A watcher stopped or stuck while holding it: the exit does not wait longer.
 
 
-def _pipe() -> tuple[int, int]:
-    """A pipe whose ends are above 2 (stdin may be closed): the watcher's sign of the end, and the lock of hush."""
-    global _fcntl
-    if _fcntl is None:
-        import fcntl
+def _pipe(accelerator: Any) -> tuple[int, int]:
+    """A pipe whose ends are above 2 (stdin may be closed): the watcher's sign of the end, and the lock of hush.
 
-        _fcntl = (
-            fcntl  # for hush(), at the exit: by then fcntl is held (tracing/handback.py) or the program's
-        )
+    Also chooses how hush will take that lock: with the C ACCELERATOR, no fcntl at start-up.
+    """
+    global _lock_now
+    if _lock_now is None:
+        if accelerator is not None:
+            _lock_now = accelerator.lock_now
+        else:
+            import fcntl  # held at exit (tracing/handback.py) or the program's; never imported then
+
+            def flock_now(fd: int, fcntl: Any = fcntl) -> bool:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    return False
+                return True
+
+            _lock_now = flock_now
     read_fd, write_fd = os.pipe()
     return _above_stdio(read_fd), _above_stdio(write_fd)
 
 
 def _above_stdio(fd: int) -> int:
-    """FD, or a close-on-exec copy above 2 in its place: the watcher-to-be puts /dev/null on 0 and 1."""
+    """FD, or a close-on-exec copy above 2 in its place: the watcher-to-be puts /dev/null on 0 and 1.
+
+    The copy goes where our other descriptors go (just below fd 1024): no fcntl's F_DUPFD, whose
+    import would be one more module at start-up, or an import in a fork child's log.
+    """
     if fd > 2:
         return fd
-    # In a fork child's watcher too: the parent's fcntl, never an import in the child's log.
-    moved = _fcntl.fcntl(fd, _fcntl.F_DUPFD_CLOEXEC, 3)
-    os.close(fd)
+    moved = high_descriptor(fd)
+    if moved <= 2:
+        os.close(moved)
+        raise OSError(errno.EMFILE, "no descriptor free above 2 for the watcher's pipe")
     return moved
 
 
