@@ -337,6 +337,59 @@ def test_a_watcher_that_cannot_start_in_the_background_is_said_once(tmp_path: Pa
     assert len(said) == 1 and "Permission denied" in said[0], result.stderr[-2000:]
 
 
+# A sandbox that refuses a clone sharing memory (as a seccomp profile may): a filter of our own makes
+# clone(2) with CLONE_VM and without CLONE_THREAD fail with EPERM (threads still start). The probe
+# (CLONE_VM | CLONE_FS | CLONE_NEWUSER, which the kernel itself refuses with EINVAL) shows the filter holds.
+SECCOMP_SANDBOX = """
+    import ctypes, errno, os, struct
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    ALLOW, EPERM = 0x7FFF0000, 0x00050000 | errno.EPERM
+    program = [  # (code, jt, jf, k): classic BPF over struct seccomp_data
+        (0x20, 0, 0, 4),  # the architecture
+        (0x15, 0, 6, 0xC000003E),  # x86_64, else allow
+        (0x20, 0, 0, 0),  # the system call's number
+        (0x15, 0, 4, 56),  # clone, else allow
+        (0x20, 0, 0, 16),  # its flags (low half)
+        (0x45, 2, 0, 0x10000),  # CLONE_THREAD: allow
+        (0x45, 0, 1, 0x100),  # CLONE_VM: refuse, else allow
+        (0x06, 0, 0, EPERM),
+        (0x06, 0, 0, ALLOW),
+    ]
+    filters = ctypes.create_string_buffer(b"".join(struct.pack("HBBI", *row) for row in program))
+    fprog = struct.pack("HxxxxxxP", len(program), ctypes.addressof(filters))
+    if libc.prctl(38, 1, 0, 0, 0) != 0 or libc.prctl(22, 2, ctypes.c_char_p(fprog), 0, 0) != 0:
+        raise SystemExit(f"seccomp: {os.strerror(ctypes.get_errno())}")
+    if libc.syscall(56, 0x100 | 0x200 | 0x10000000, 0, 0, 0, 0) != -1 or ctypes.get_errno() != errno.EPERM:
+        raise SystemExit("the filter does not refuse a clone that shares memory")
+    import importwatch
+    importwatch.install(timeout=0.4)
+    import nap
+""" + WAITS.lstrip("\n")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(
+    importlib.util.find_spec("importwatch.tracing._speedups") is None,
+    reason="the C accelerator is not built here",
+)
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="the filter names x86_64's system calls")
+def test_where_a_sandbox_refuses_a_clone_sharing_memory_copies_start_the_watcher(tmp_path: Path) -> None:
+    write(tmp_path, "import time\ntime.sleep(1.2)\n", "nap.py")
+    script = write(tmp_path, SECCOMP_SANDBOX)
+    env = clean_env(IMPORTWATCH_WATCHER="1", IMPORTWATCH_PURE="0")
+    result = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=env
+    )
+    if result.returncode != 0 and "seccomp:" in result.stderr:
+        pytest.skip(f"no seccomp filter here: {result.stderr.strip()}")
+    assert (result.returncode, result.stdout) == (0, "no child\n"), result.stderr[-2000:]
+    assert "no watcher process" not in result.stderr
+    assert any("outside: waiting" in line and "nap" in line for line in result.stderr.splitlines()), (
+        result.stderr
+    )
+
+
 @pytest.mark.timeout(120)
 @LAUNCHES
 def test_a_child_subreaper_gets_no_watcher_child(tmp_path: Path, launch: dict[str, str]) -> None:
