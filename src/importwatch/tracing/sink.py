@@ -337,15 +337,14 @@ class Sink(SINK_BASE):  # type: ignore[misc,valid-type]
         starting = feed.starting if feed is not None else None
         if starting is None:
             return
+        feed.starting = None  # this thread looks (the heartbeat's and the program's may both come here)
         try:
             if starting(wait) is None:
-                return  # still under way
+                feed.starting = starting  # still under way: looked at again
+                return
         except OSError as error:
-            feed.starting = None
             self.close_feed()
             self.warn(f"no watcher process: {error.strerror or error}")
-            return
-        feed.starting = None
 
     def close_feed(self) -> None:
         if self.feed is not None:
