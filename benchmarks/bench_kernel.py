@@ -16,7 +16,7 @@ stderr always goes to a file. Workloads: a generated tree of small modules, a ch
 each importing the next, and `import torch` (where that interpreter can import it). Each is
 timed in alternating rounds (wall, and user/system CPU and page faults from os.wait4's rusage),
 then run once per mode under `strace -ff` to count the program's system calls by kind. Beside
-them: start-up (`IMPORTWATCH=1 IMPORTWATCH_WATCHER=1 python -c pass` against plain) and a
+them: start-up (`IMPORTWATCH=1 python -c pass` against plain, with the watcher and without) and a
 frame probe (Python frames between one nested module body and the next, and the deepest nested
 import that works under the default recursion limit). docs/performance.md says what each figure
 means. The traced modes use the C accelerator of the per-import hook where it is built;
@@ -311,21 +311,31 @@ def strace_counts(python: str, work: Workload, mode: str, workdir: Path) -> dict
 
 
 def startup(python: str, rounds: int, workdir: Path) -> dict[str, float]:
-    """`IMPORTWATCH=1 IMPORTWATCH_WATCHER=1 python -c pass` against plain: medians in ms."""
+    """`IMPORTWATCH=1 IMPORTWATCH_WATCHER=1 python -c pass` against plain, and `IMPORTWATCH=1` alone
+    (the watcher off, its default): medians in ms."""
     env = base_env("")
-    arms = {"plain": env, "traced": dict(env, IMPORTWATCH="1", IMPORTWATCH_WATCHER="1")}
+    arms = {
+        "plain": env,
+        "traced": dict(env, IMPORTWATCH="1", IMPORTWATCH_WATCHER="1"),
+        "unwatched": dict(env, IMPORTWATCH="1", IMPORTWATCH_WATCHER="0"),
+    }
     for arm in arms.values():
         run_once([python, "-c", "pass"], arm, workdir)
-    runs: dict[str, list[Run]] = {"plain": [], "traced": []}
+    runs: dict[str, list[Run]] = {name: [] for name in arms}
     for index in range(rounds):
         for name in list(arms)[:: -1 if index % 2 else 1]:
             runs[name].append(run_once([python, "-c", "pass"], arms[name], workdir))
-    pairs = list(zip(runs["traced"], runs["plain"]))
+
+    def added(name: str, measure) -> float:
+        return statistics.median(measure(t) - measure(p) for t, p in zip(runs[name], runs["plain"])) * 1e3
+
     return {
         "plain_ms": statistics.median(r.wall for r in runs["plain"]) * 1e3,
         "traced_ms": statistics.median(r.wall for r in runs["traced"]) * 1e3,
-        "added_ms": statistics.median(t.wall - p.wall for t, p in pairs) * 1e3,
-        "added_cpu_ms": statistics.median(t.user + t.system - p.user - p.system for t, p in pairs) * 1e3,
+        "added_ms": added("traced", lambda r: r.wall),
+        "added_cpu_ms": added("traced", cpu),
+        "unwatched_added_ms": added("unwatched", lambda r: r.wall),
+        "unwatched_added_cpu_ms": added("unwatched", cpu),
         "rounds": rounds,
     }
 

@@ -99,7 +99,8 @@ def table(results: dict) -> str:
             out.append(
                 f"  start-up (IMPORTWATCH=1, watcher on, python -c pass): plain {s['plain_ms']:.1f} ms, "
                 f"traced {s['traced_ms']:.1f} ms, added {s['added_ms']:+.1f} ms wall, "
-                f"{s['added_cpu_ms']:+.1f} ms CPU (medians of {s['rounds']} pairs)"
+                f"{s['added_cpu_ms']:+.1f} ms CPU (medians of {s['rounds']} rounds); watcher off (IMPORTWATCH=1's "
+                f"default): added {s['unwatched_added_ms']:+.1f} ms wall, {s['unwatched_added_cpu_ms']:+.1f} ms CPU"
             )
         if result.get("frames"):
             cells = ", ".join(

@@ -58,6 +58,7 @@ def test_quickest_run_gives_every_figure_in_json(tmp_path):
             assert work["syscalls_per_import"]["runner log"]["write"] >= 1.0
             assert work["syscalls"]["plain"]["kinds"]["mmap"] > 0
     assert result["startup"]["added_ms"] is not None
+    assert result["startup"]["unwatched_added_ms"] is not None
     assert result["frames"]["plain"]["frames_per_import"] > 0
     assert result["frames"]["plain"]["deepest_nesting"] > 50
     targets = result["targets"]
