@@ -53,7 +53,7 @@ if TYPE_CHECKING:
 
 # How long the program's exit waits for the watcher to finish the lines it is writing.
 HUSH_WAIT = 1.0
-# How long a fork, or a second start, waits for a start under way (milliseconds, but a loaded machine).
+# How long a second start waits for one under way (a few milliseconds; longer on a loaded machine).
 _START_WAIT = 1.0
 _HUSH_TRY = 0.002
 # The folder importwatch is imported from: the watcher runs with -I -S, so it is put on its path.
