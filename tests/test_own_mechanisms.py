@@ -202,6 +202,29 @@ def test_the_watcher_reports_from_outside_and_is_never_the_programs_child(
             )
 
 
+NEEDS_C = pytest.mark.skipif(
+    importlib.util.find_spec("importwatch.tracing._speedups") is None,
+    reason="the C accelerator is not built here",
+)
+
+
+def _run_naps(tmp_path: Path, code: str) -> subprocess.CompletedProcess:
+    """CODE, which imports nap (a module that sleeps past the threshold), with the C accelerator and the watcher."""
+    write(tmp_path, "import time\ntime.sleep(1.2)\n", "nap.py")
+    script = write(tmp_path, code)
+    env = clean_env(IMPORTWATCH_WATCHER="1", IMPORTWATCH_PURE="0")
+    return subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=env)
+
+
+def _reported_from_outside(result: subprocess.CompletedProcess) -> None:
+    """The program ran as under plain python and the watcher, never its child, reported the nap from outside."""
+    assert (result.returncode, result.stdout) == (0, "no child\n"), result.stderr[-2000:]
+    assert "no watcher process" not in result.stderr
+    assert any("outside: waiting" in line and "nap" in line for line in result.stderr.splitlines()), (
+        result.stderr
+    )
+
+
 # A sandbox may refuse the C way's clone (seccomp): the double fork then starts the watcher.
 REFUSED_CLONE = """
     from importwatch.tracing.accelerator import ACCELERATOR
@@ -217,22 +240,9 @@ REFUSED_CLONE = """
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.skipif(
-    importlib.util.find_spec("importwatch.tracing._speedups") is None,
-    reason="the C accelerator is not built here",
-)
+@NEEDS_C
 def test_where_the_c_start_is_refused_the_double_fork_starts_the_watcher(tmp_path: Path) -> None:
-    write(tmp_path, "import time\ntime.sleep(1.2)\n", "nap.py")
-    script = write(tmp_path, REFUSED_CLONE)
-    env = clean_env(IMPORTWATCH_WATCHER="1", IMPORTWATCH_PURE="0")
-    result = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=env
-    )
-    assert (result.returncode, result.stdout) == (0, "no child\n"), result.stderr[-2000:]
-    assert "no watcher process" not in result.stderr
-    assert any("outside: waiting" in line and "nap" in line for line in result.stderr.splitlines()), (
-        result.stderr
-    )
+    _reported_from_outside(_run_naps(tmp_path, REFUSED_CLONE))
 
 
 # Waits for children and counts SIGCHLD from its first line on, while the watcher may still be starting
@@ -295,10 +305,7 @@ C_START = """
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.skipif(
-    importlib.util.find_spec("importwatch.tracing._speedups") is None,
-    reason="the C accelerator is not built here",
-)
+@NEEDS_C
 def test_the_c_start_sends_the_program_no_sigchld_and_closes_what_it_handed_over(tmp_path: Path) -> None:
     script = write(tmp_path, C_START)
     result = subprocess.run(
@@ -321,10 +328,7 @@ UNRUNNABLE_WATCHER = """
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.skipif(
-    importlib.util.find_spec("importwatch.tracing._speedups") is None,
-    reason="the C accelerator is not built here",
-)
+@NEEDS_C
 def test_a_watcher_that_cannot_start_in_the_background_is_said_once(tmp_path: Path) -> None:
     (tmp_path / "notpython").write_text("not a program\n")
     script = write(tmp_path, UNRUNNABLE_WATCHER)
@@ -369,25 +373,13 @@ SECCOMP_SANDBOX = """
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.skipif(
-    importlib.util.find_spec("importwatch.tracing._speedups") is None,
-    reason="the C accelerator is not built here",
-)
+@NEEDS_C
 @pytest.mark.skipif(os.uname().machine != "x86_64", reason="the filter names x86_64's system calls")
 def test_where_a_sandbox_refuses_a_clone_sharing_memory_copies_start_the_watcher(tmp_path: Path) -> None:
-    write(tmp_path, "import time\ntime.sleep(1.2)\n", "nap.py")
-    script = write(tmp_path, SECCOMP_SANDBOX)
-    env = clean_env(IMPORTWATCH_WATCHER="1", IMPORTWATCH_PURE="0")
-    result = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=env
-    )
+    result = _run_naps(tmp_path, SECCOMP_SANDBOX)
     if result.returncode != 0 and "seccomp:" in result.stderr:
         pytest.skip(f"no seccomp filter here: {result.stderr.strip()}")
-    assert (result.returncode, result.stdout) == (0, "no child\n"), result.stderr[-2000:]
-    assert "no watcher process" not in result.stderr
-    assert any("outside: waiting" in line and "nap" in line for line in result.stderr.splitlines()), (
-        result.stderr
-    )
+    _reported_from_outside(result)
 
 
 @pytest.mark.timeout(120)
