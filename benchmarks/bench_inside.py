@@ -1,6 +1,6 @@
 """Per-import cost timed inside each process: the imports alone, without start-up and exit.
 
-    python benchmarks/bench_inside.py [--rounds 51] [--modules 4000] [--log]
+    python benchmarks/bench_inside.py [--rounds 51] [--modules 4000] [--log] [--runner]
 
 Each process times `import bench_all` (a generated tree of small modules, as
 bench_kernel.py makes it) with time.perf_counter and time.process_time around that one
@@ -10,6 +10,10 @@ statement, and prints both. The modes run in alternating order, round after roun
     loaded    the same, after importing importwatch's start-up modules: nothing traced
     stalls    IMPORTWATCH=1 IMPORTWATCH_STDERR=stalls python -c CODE   (no log, no watcher)
     log       IMPORTWATCH=1 IMPORTWATCH_LOG=FILE (with --log; stderr to a pipe we read)
+    runner stalls, runner log (with --runner; the log too with --log)
+              python -m importwatch --stderr stalls -c CODE (its watcher on, as by default),
+              python -m importwatch --log FILE -c CODE: the runner's start-up, two interpreters,
+              stays out of the figure as the others' does
 
 Each figure is the median over rounds of (mode - plain) within a round, per import. A
 process's start-up and exit, and their noise, stay out of it; "loaded" shows what merely
@@ -44,8 +48,8 @@ def _start_up_modules(python: str) -> list[str]:
     return [name for name in found.split() if not name.endswith("._speedups")]
 
 
-def _run(python: str, code: str, env: dict[str, str]) -> tuple[float, float]:
-    done = subprocess.run([python, "-c", code], env=env, capture_output=True, text=True, check=True)
+def _run(python: str, args: list[str], env: dict[str, str]) -> tuple[float, float]:
+    done = subprocess.run([python, *args], env=env, capture_output=True, text=True, check=True)
     wall, cpu = done.stdout.split()[-2:]
     return float(wall), float(cpu)
 
@@ -55,6 +59,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=51, help="rounds of every mode (default 51)")
     parser.add_argument("--modules", type=int, default=4000, help="modules in the tree (default 4000)")
     parser.add_argument("--log", action="store_true", help="also time every line on stderr and in a log")
+    parser.add_argument(
+        "--runner", action="store_true", help="also time the same under python -m importwatch"
+    )
     options = parser.parse_args()
     python = sys.executable
     base = {k: v for k, v in os.environ.items() if not k.startswith("IMPORTWATCH")}
@@ -65,20 +72,25 @@ def main() -> int:
         imports = sum(len(list(package.glob("mod*.py"))) for package in packages) + len(packages) + 1
         base["PYTHONPATH"] = str(folder)
         loaded = "".join(f"import {name}; " for name in _start_up_modules(python))
+        log = str(folder / "trace.log")
         modes = {
-            "plain": (base, _TIMED),
-            "loaded": (base, loaded + _TIMED),
-            "stalls": (dict(base, IMPORTWATCH="1", IMPORTWATCH_STDERR="stalls"), _TIMED),
+            "plain": (base, ["-c", _TIMED]),
+            "loaded": (base, ["-c", loaded + _TIMED]),
+            "stalls": (dict(base, IMPORTWATCH="1", IMPORTWATCH_STDERR="stalls"), ["-c", _TIMED]),
         }
         if options.log:
-            modes["log"] = (dict(base, IMPORTWATCH="1", IMPORTWATCH_LOG=str(folder / "trace.log")), _TIMED)
-        _run(python, _TIMED, base)  # bytecode caches written first: compiling is not tracing
+            modes["log"] = (dict(base, IMPORTWATCH="1", IMPORTWATCH_LOG=log), ["-c", _TIMED])
+        if options.runner:
+            modes["runner stalls"] = (base, ["-m", "importwatch", "--stderr", "stalls", "-c", _TIMED])
+            if options.log:
+                modes["runner log"] = (base, ["-m", "importwatch", "--log", log, "-c", _TIMED])
+        _run(python, ["-c", _TIMED], base)  # bytecode caches written first: compiling is not tracing
         runs: dict[str, list[tuple[float, float]]] = {name: [] for name in modes}
         for index in range(options.rounds):
             order = list(modes) if index % 2 else list(reversed(modes))
             for name in order:
-                env, code = modes[name]
-                runs[name].append(_run(python, code, env))
+                env, args = modes[name]
+                runs[name].append(_run(python, args, env))
     print(
         f"python {sys.version.split()[0]}: {imports} imports, {options.rounds} rounds, timed inside each process"
     )
@@ -88,7 +100,7 @@ def main() -> int:
         per_wall = statistics.median(a for a, _ in added) / imports * 1e6
         per_cpu = statistics.median(b for _, b in added) / imports * 1e6
         print(
-            f"  {name:7s} {wall:7.1f} ms; over plain, per import: {per_wall:+6.2f} us wall, {per_cpu:+6.2f} us CPU"
+            f"  {name:13s} {wall:7.1f} ms; over plain, per import: {per_wall:+6.2f} us wall, {per_cpu:+6.2f} us CPU"
         )
     return 0
 

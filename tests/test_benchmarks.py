@@ -104,12 +104,15 @@ def test_the_imports_alone_are_timed_in_every_mode(tmp_path):
     # bench_inside.py: no figure is judged here (timings are benchmarks, never tests), only that every
     # mode ran and printed its row.
     done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "bench_inside.py"), "--rounds", "1", "--modules", "20", "--log"],
+        [
+            sys.executable, str(ROOT / "benchmarks" / "bench_inside.py"),
+            "--rounds", "1", "--modules", "20", "--log", "--runner",
+        ],
         env=clean_env(), capture_output=True, text=True, timeout=100,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "22 imports, 1 rounds" in done.stdout  # 20 modules, their package, bench_all
-    for mode in ("plain", "loaded", "stalls", "log"):
+    for mode in ("plain", "loaded", "stalls", "log", "runner stalls", "runner log"):
         assert re.search(
             rf"^  {mode} +[\d.]+ ms; over plain, per import: +[-+][\d.]+ us wall", done.stdout, re.M
         ), done.stdout
