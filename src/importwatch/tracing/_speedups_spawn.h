@@ -42,8 +42,8 @@ typedef struct {
     int copying;       /* the fallback: two copies of the program, as fork makes (see start_watcher) */
     int told[2];       /* then a pipe (close-on-exec): what failed, and the watcher's pid */
     int close[SPAWN_CLOSE], close_count;
-    dev_t close_dev[SPAWN_CLOSE], keep_dev[8];
-    ino_t close_ino[SPAWN_CLOSE], keep_ino[8];
+    dev_t close_dev[SPAWN_CLOSE], keep_dev[8], stderr_dev;
+    ino_t close_ino[SPAWN_CLOSE], keep_ino[8], stderr_ino;
     size_t size; /* of the mapping that holds this, the strings and the stacks */
 } Spawn;
 
@@ -183,7 +183,7 @@ static int same_file(int fd, dev_t dev, ino_t ino) {
 static void *spawn_thread(void *arg) {
     Spawn *spawn = arg;
     char *stacks = (char *)spawn + spawn->size - 2 * SPAWN_STACK;
-    int outcome = 0;
+    int outcome = same_file(spawn->stderr_fd, spawn->stderr_dev, spawn->stderr_ino) ? 0 : -EBADF;
     for (int i = 0; i < spawn->keep_count && outcome == 0; i++) { /* never a file of the program's handed on */
         if (!same_file(spawn->keep[i], spawn->keep_dev[i], spawn->keep_ino[i])) {
             outcome = -EBADF;
@@ -278,6 +278,12 @@ static PyObject *spawn_detached(PyObject *module, PyObject *args) {
         (head.close_count = descriptors(to_close, head.close, SPAWN_CLOSE)) < 0) {
         return NULL;
     }
+    struct stat stderr_seen;
+    if (fstat(stderr_fd, &stderr_seen) < 0) {
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    head.stderr_dev = stderr_seen.st_dev;
+    head.stderr_ino = stderr_seen.st_ino;
     for (int i = 0; i < head.keep_count + head.close_count; i++) {
         int close_it = i >= head.keep_count, at = close_it ? i - head.keep_count : i;
         struct stat seen;

@@ -123,7 +123,7 @@ def launch(sink: Sink, settings: Settings) -> str | None:
     if spawn is not None and _spawned(spawn, executable, argv, env, stderr, inherited, (ring_fd, read_fd)):
         # A thread of ours starts it, and closes the ring's and the pipe's read end then: the watcher
         # holds its own; the program, only the mapping.
-        sink.attach_feed(write_fd, feed_ring, starting=spawn.spawn_started)
+        sink.attach_feed(write_fd, feed_ring, starting=_started)
         return None
     # The watcher-to-be waits for a go on GO.
     go_read, go_write = os.pipe()
@@ -174,6 +174,22 @@ def _spawned(
     except (OSError, ValueError, RuntimeError):  # ValueError: a descriptor it cannot pass on
         return False
     return True
+
+
+def _started(wait: float) -> int | None:
+    """How the C start under way went (Sink.watcher_started): the watcher's pid, or None while under way.
+
+    OSError where it failed; EBADF, from our thread, means a descriptor to hand on was no longer
+    ours: the program closed it (a closerange at its start) before the watcher had its copy.
+    """
+    from importwatch.tracing.accelerator import ACCELERATOR
+
+    try:
+        return ACCELERATOR.spawn_started(wait)
+    except OSError as error:
+        if error.errno == errno.EBADF:
+            raise OSError(errno.EBADF, "the program closed its descriptors before it could start") from None
+        raise
 
 
 def _refused(executable: str) -> str | None:
