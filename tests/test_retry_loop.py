@@ -223,3 +223,69 @@ def test_watching_a_retry_loop_keeps_none_of_its_objects_alive(tmp_path: Path, c
         assert (done.returncode, done.stdout) == (0, expected), (name, done.stdout, done.stderr)
         if name != "plain":
             assert "is retrying a connection to 127.0.0.1" in done.stderr, (name, done.stderr)
+
+
+# The refusal handled inside a function that is still running (it sleeps in its `except ... as
+# error:`, then re-raises): reading that frame's locals from the heartbeat made a snapshot of them
+# on the frame (3.10 to 3.12), which outlived the frame's own `error`, `token` and `sock` and, once
+# the exception carried the frame away, tied them in a cycle with it. With the collector off, as a
+# program may keep it, each token was then freed only at exit.
+_IN_A_FUNCTION = """
+import gc
+import socket
+import time
+
+gc.disable()
+
+
+class Token:
+    def __init__(self, number):
+        self.number = number
+
+    def __del__(self):
+        print("freed", self.number, flush=True)
+
+
+def attempt(number, port):
+    token = Token(number)
+    print("try", number, flush=True)
+    sock = socket.socket()
+    try:
+        sock.connect(("127.0.0.1", port))
+    except ConnectionRefusedError as error:
+        sock.close()
+        time.sleep(0.05)
+        raise
+    return sock
+
+
+port = {port}
+for number in range(1, 26):
+    if number == 25:
+        server = socket.create_server(("127.0.0.1", port))
+    try:
+        attempt(number, port).close()
+        break
+    except ConnectionRefusedError:
+        pass
+print("connected after", number, flush=True)
+"""
+
+
+@NEEDS_310
+def test_looking_into_a_running_function_keeps_none_of_its_locals_alive(
+    tmp_path: Path, closed_port: int
+) -> None:
+    (tmp_path / "inner.py").write_text(_IN_A_FUNCTION.format(port=closed_port))
+    (tmp_path / "main.py").write_text("import inner\n")
+    expected = "".join(f"try {n}\nfreed {n}\n" for n in range(1, 26)) + "connected after 25\n"
+    commands = {
+        "plain": ([sys.executable, "main.py"], clean_env()),
+        "runner": ([*traced("--timeout", "0.4", "--no-watcher", "main.py")], clean_env()),
+        "IMPORTWATCH=1": ([sys.executable, "main.py"], clean_env(IMPORTWATCH="1", IMPORTWATCH_TIMEOUT="0.4")),
+    }
+    for name, (command, env) in commands.items():
+        done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+        assert (done.returncode, done.stdout) == (0, expected), (name, done.stdout, done.stderr)
+        if name != "plain":
+            assert "is retrying a connection" in done.stderr, (name, done.stderr)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import builtins
 import os
+import sys
 
 from importwatch.facts import procstat
 
@@ -26,6 +27,14 @@ _PORT_NAMES = ("port", "master_port")
 _DEPTH = 8
 _LISTEN = "0A"
 _GROUP = getattr(builtins, "BaseExceptionGroup", None)  # 3.11+
+# A function's f_locals is a snapshot kept on its frame (a view from 3.13 on: PEP 667); see _locals.
+_SNAPSHOTS = sys.version_info < (3, 13)
+_OPTIMIZED = 0x1  # inspect.CO_OPTIMIZED: a function's frame, whose locals live in the frame
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from types import FrameType
 
 
 def refusal(error: object) -> BaseException | None:
@@ -59,18 +68,44 @@ def address_of(errors: list[BaseException]) -> tuple[str, int] | None:
             chain.append(traceback.tb_frame)
             traceback = traceback.tb_next
         frames += reversed(chain)
-    for frame in frames:
-        found = _pair_in(frame.f_locals)
+    running = _running_frames() if _SNAPSHOTS else set()
+    scopes = [(frame, values) for frame in frames if (values := _locals(frame, running)) is not None]
+    for _, values in scopes:
+        found = _pair_in(values)
         if found is not None:
             return found
-    for frame in frames:
+    for frame, values in scopes:
         code = frame.f_code
-        values = frame.f_locals
         for name in (*code.co_varnames, *code.co_names):
             found = _pair(values.get(name))
             if found is not None:
                 return found
     return None
+
+
+def _locals(frame: FrameType, running: set[int]) -> Mapping[str, object] | None:
+    """FRAME's locals, or None where reading them would keep the program's objects alive.
+
+    Before 3.13 a function's `f_locals` is a snapshot kept on its frame until the next read or the
+    frame's end: read while the function runs (in a thread's stack), it holds values the function
+    drops later, and an exception then bound in it (`except ... as error:`) makes a cycle with the
+    traceback that carries the frame away, freed only by the collector, if it runs. A frame that
+    has ended holds its locals itself, so a snapshot of them holds nothing more; a module's or a
+    class's `f_locals` is its namespace, no copy; 3.13's is a view that keeps nothing.
+    """
+    if not _SNAPSHOTS or not frame.f_code.co_flags & _OPTIMIZED or id(frame) not in running:
+        return frame.f_locals
+    return None
+
+
+def _running_frames() -> set[int]:
+    """The ids of the frames in every thread's stack, now."""
+    running = set()
+    for frame in sys._current_frames().values():
+        while frame is not None:
+            running.add(id(frame))
+            frame = frame.f_back
+    return running
 
 
 def _pair(value: object) -> tuple[str, int] | None:

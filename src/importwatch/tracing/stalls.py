@@ -7,6 +7,7 @@ frame; imports nothing while it runs.
 
 from __future__ import annotations
 
+import _thread
 import os
 import sys
 
@@ -16,6 +17,7 @@ from importwatch.tracing.hook import lock_owner
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from types import FrameType
     from typing import Callable
 
     from importwatch.tracing.hook import TracedStep, Tracer
@@ -53,7 +55,7 @@ def deadlocks(found: dict[int, tuple[int, str]], thread_name: Callable[[int], st
     the thread that holds a lock of the cycle (MainThread where it can); a likely one where the holder
     waits in threading for something else."""
     lines = []
-    frames = sys._current_frames()
+    frames = _others_frames()
     joined: dict[int, int] = {}
     waiting_in: dict[int, str] = {}
     for ident, frame in frames.items():
@@ -128,6 +130,18 @@ def _cycle_line(
     return f"deadlock: {thread_name(cycle[0])} holds the module lock of {held} and {', which '.join(texts)}: {ending}"
 
 
+def _others_frames() -> dict[int, FrameType]:
+    """Each thread's innermost frame, but this one's.
+
+    This thread's is the frame of the function that asked: kept in one of its locals, the dict
+    would hold that frame and the frame the dict, a cycle that keeps every thread's frames, and
+    the program's objects in their locals, alive until the collector runs (never, in a program that
+    turned it off)."""
+    frames = sys._current_frames()
+    frames.pop(_thread.get_ident(), None)
+    return frames
+
+
 def _threading_wait(frame: object) -> tuple[int | None, str | None]:
     """Where FRAME's thread waits in threading: the ident of the thread it joins, when it joins one;
     else the threading function it waits in; (None, None) when it is not waiting in threading."""
@@ -155,7 +169,7 @@ def at_exit(chains: dict[int, list[TracedStep]], thread_name: Callable[[int], st
     if threading is None:
         return {}
     main = threading.main_thread().ident
-    frames = sys._current_frames()
+    frames = _others_frames()
     code = getattr(frames.get(main), "f_code", None)
     if code is None or code.co_name != "_shutdown" or code.co_filename != threading.__file__:
         return {}
@@ -208,7 +222,7 @@ def lookups(chains: dict[int, list[TracedStep]], now: float, thread_name: Callab
     if filename is None:
         return []
     lines = []
-    frames = sys._current_frames()
+    frames = _others_frames()
     for ident, chain in chains.items():
         frame = frames.get(ident)
         code = getattr(frame, "f_code", None)
