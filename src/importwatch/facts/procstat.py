@@ -1,5 +1,5 @@
 """Reads a process's or a thread's /proc stat line (its command name and the fields after it), its
-schedstat and its TracerPid: the readers the traced process needs too.
+schedstat and its TracerPid, and this process's threads: the readers the traced process needs too.
 
 The command name (comm) is the program's to choose, spaces and parentheses included
 (`a) b (c`), so the fields are read after the LAST `)`. Imported at start-up in the
@@ -21,6 +21,14 @@ STIME = 12
 THREADS = 17
 START_TIME = 19  # in clock ticks since boot: with the pid, it tells a process from a later one
 EXIT_CODE = 49  # Linux >= 3.5: the wait status once the process is exiting
+
+
+def tasks() -> set[str]:
+    """The kernel thread ids of this process."""
+    try:
+        return set(os.listdir("/proc/self/task"))
+    except OSError:
+        return set()
 
 
 def split(data: bytes) -> tuple[str, list[bytes]]:

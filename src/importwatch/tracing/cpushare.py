@@ -1,7 +1,6 @@
 """How busy a thread of this process is: its share of a CPU over a short look that no debugger's stop spoils.
 
-Also this process's kernel threads. Runs in the heartbeat thread (see watchdog.py); reads
-/proc/self only.
+Runs in the heartbeat thread (see watchdog.py); reads /proc/self only.
 """
 
 from __future__ import annotations
@@ -23,14 +22,6 @@ FIRST_STEPS = 10
 # A step in which the thread ran (or waited for a CPU) this share of the time shows it busy, however long.
 _RAN = 0.5
 _TICK = os.sysconf("SC_CLK_TCK")
-
-
-def tasks() -> set[str]:
-    """The kernel thread ids of this process."""
-    try:
-        return set(os.listdir("/proc/self/task"))
-    except OSError:
-        return set()
 
 
 def _demand(task: str) -> float | None:

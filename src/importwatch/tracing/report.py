@@ -9,17 +9,20 @@ The terminal gets that short form; a text log gets every frame of every thread.
 
 from __future__ import annotations
 
+import _thread
 import os
 import sys
 
-from importwatch.events import BUSY, STALL_CONTEXT, STALL_THREAD
+from importwatch.events import BUSY, STALL, STALL_CONTEXT, STALL_THREAD
+from importwatch.tracing import stalls
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Callable
 
-    from importwatch.tracing.hook import TracedStep
+    from importwatch.tracing.hook import TracedStep, Tracer
     from importwatch.tracing.sink import Sink
+    from importwatch.tracing.stalls import Retries
 
 # As deep as faulthandler goes.
 _MAX_FRAMES = 100
@@ -119,6 +122,52 @@ def stacks(
     return short, full
 
 
+def write(
+    sink: Sink,
+    tracer: Tracer,
+    chains: dict[int, list[TracedStep]],
+    culprit: int,
+    now: float,
+    stalled: tuple[float, int],
+    share: float | None,
+    busy: bool,
+    retries: Retries,
+    forked_from: int | None,
+) -> None:
+    """A stall report of thread CULPRIT, STALLED since then, for the nth time: its headline (the STALL
+    event, the CPU SHARE it used and whether that is BUSY), and for a first report what follows it."""
+    since, reports = stalled
+    stacks_now = now_stacks()
+    waits = stalls.waits(chains)
+    thread_name = sink.thread_name
+    lines = [chain_line(culprit, chains[culprit], now, thread_name)]
+    lines += [chain_line(i, c, now, thread_name) for i, c in chains.items() if i != culprit]
+    waiting = [thread_name(waiter) for waiter, (owner, _) in waits.items() if owner == culprit]
+    waited = f"; waiting for its module lock: {', '.join(waiting)}" if waiting else ""
+    ending = stalls.at_exit(chains, thread_name)
+    waited += "; at exit: MainThread waits for it in threading's shutdown" if culprit in ending else ""
+    culprit_name = thread_name(culprit)
+    fields = {
+        "seconds": round(now - since, 1),
+        "stalled": culprit_name,
+        "chain": lines[0][len(culprit_name) + 2 :] + waited,  # the line without its "NAME: "
+        "report": reports,
+        "busy": busy,
+        "at": innermost(stacks_now.get(culprit, [])),
+    }
+    sink.event(STALL, {**fields, "chains": lines})
+    if reports == 1:  # a later report of the same step is its headline alone (see Watchdog._stall)
+        # Who waits for whom first: the answer, where there is one.
+        context_lines = [*ending.values(), *stalls.deadlocks(waits, thread_name)]
+        context_lines += context(chains[culprit], now)
+        context_lines += stalls.lookups(chains, now, thread_name)
+        context_lines += stalls.lone_wait(tracer, culprit, thread_name, forked_from)
+        context_lines += retries.lines(thread_name)
+        order = [culprit, *(ident for ident in chains if ident != culprit)]
+        ours = {_thread.get_ident(), *sink.own_threads()}
+        detail(sink, lines[1:], context_lines, share if busy else None, stacks_now, order, ours)
+
+
 def now_stacks() -> dict[int, list[Frame]]:
     """Every Python thread's frames now, ours too (a log shows them)."""
     return {ident: frames_of(frame) for ident, frame in sys._current_frames().items()}
@@ -178,14 +227,3 @@ def busy_fields(name: str, share: float) -> dict:
     """A BUSY event's fields: the thread, its share of a CPU, and whether this machine has an NVIDIA
     driver (the words name CUDA JIT only then)."""
     return {"stalled": name, "cpu": round(share, 2), "gpu": os.path.exists(_NVIDIA_VERSION)}
-
-
-def dumped_where(sink: Sink) -> str:
-    """Where faulthandler's own dump of a stall that held the GIL went: the terminal shows none when
-    it went to the log (or nowhere, under --stderr none without a text log)."""
-    fd = sink.timer_fd()
-    if fd == sink.stderr.fd:
-        return "above"
-    if fd != sink.dump_fd():
-        return "nowhere kept (--stderr none, no text log), not on this terminal"
-    return f"in {sink.log_path}, not on this terminal"

@@ -23,6 +23,7 @@ from importwatch.tracing.handback import Held
 from importwatch.tracing.hook import NEVER, Tracer, as_importlib_frame
 from importwatch.tracing.native import NativeLoads
 from importwatch.tracing.sink import CLOCKS, Sink
+from importwatch.tracing.standby import Standby
 from importwatch.tracing.watchdog import Watchdog
 
 TYPE_CHECKING = False
@@ -61,7 +62,10 @@ class Session:
         self.tracer = Tracer(self.sink)
         # What our start-up imported that the program had not: out of sys.modules until it imports each.
         self.held = Held(self.tracer)
-        self.tracer.import_own = self.held.lending(self.tracer.import_own)  # type: ignore[method-assign]
+        # Our modules read at start-up and run at their first use (the stall report's: see standby.py).
+        self.standby = Standby()
+        import_own = self.standby.serving(self.tracer.import_own)
+        self.tracer.import_own = self.held.lending(import_own)  # type: ignore[method-assign]
         self.native = NativeLoads(self.tracer)
         self.blocking: BlockingSteps | None = None  # see BLOCKING_TARGETS
         self._blocking_lock = _thread.allocate_lock()  # two threads may bring targets in at once
@@ -203,7 +207,7 @@ class Session:
         if self.settings.timeout <= 0:
             return
         settings, tracer = self.settings, self.tracer
-        watchdog = Watchdog(tracer, settings.timeout, settings.exit_on_stall, self.faults)
+        watchdog = Watchdog(tracer, settings.timeout, settings.exit_on_stall, self.faults, self.standby)
         watchdog.main_gone = self.main_gone
         self.watchdog = watchdog
         tracer.on_progress = watchdog.step_ended

@@ -376,6 +376,16 @@ class Sink(SINK_BASE):  # type: ignore[misc,valid-type]
             return self.log.fd
         return self.stderr.fd
 
+    def dumped_where(self) -> str:
+        """Where faulthandler's own dump of a stall that held the GIL went: the terminal shows none when
+        it went to the log (or nowhere, under --stderr none without a text log)."""
+        fd = self.timer_fd()
+        if fd == self.stderr.fd:
+            return "above"
+        if fd != self.dump_fd():
+            return "nowhere kept (--stderr none, no text log), not on this terminal"
+        return f"in {self.log_path}, not on this terminal"
+
     def timer_fd(self) -> int:
         """Where faulthandler's timer dumps a stall that holds the GIL: dump_fd(), but never stderr
         under --stderr none (then /dev/null: the timer takes a descriptor, and may have to end the job)."""
@@ -517,6 +527,12 @@ class Sink(SINK_BASE):  # type: ignore[misc,valid-type]
     def own_threads(self) -> list[int]:
         """The idents of our own threads that named themselves (name_thread)."""
         return list(self._own_threads)
+
+    def thread_names(self) -> str:
+        """Each Python thread as faulthandler's dump names it (0x and 16 hex digits), and by its name."""
+        return ", ".join(
+            f"0x{ident:016x} {self.thread_name(ident)}" for ident in sorted(sys._current_frames())
+        )
 
     def thread_name(self, ident: int) -> str:
         """The threading name of a thread, or its native id; no spaces, so lines stay parseable."""

@@ -1,4 +1,4 @@
-"""What a stall report adds about threads: who waits for whose module lock, deadlocks, and thread names.
+"""What a stall report adds about threads: who waits for whose module lock, deadlocks, lookups, retry loops.
 
 Runs in the heartbeat thread at a report, never on an import's path. Reads the
 tracer's chains, importlib's records of module locks and each thread's innermost
@@ -11,6 +11,7 @@ import _thread
 import os
 import sys
 
+from importwatch.facts import pools, resolver, retry
 from importwatch.tracing.doors import DoorStep
 from importwatch.tracing.forklocks import FORK, lost_in_fork
 from importwatch.tracing.hook import lock_owner
@@ -209,14 +210,9 @@ def _where(frame: object) -> str:
     return f"in {call}" if call else "in the interpreter's own code"
 
 
-def thread_names(thread_name: Callable[[int], str]) -> str:
-    """Each Python thread as faulthandler prints it (0x and 16 hex digits) and by its name."""
-    return ", ".join(f"0x{ident:016x} {thread_name(ident)}" for ident in sorted(sys._current_frames()))
-
-
 def lookups(chains: dict[int, list[TracedStep]], now: float, thread_name: Callable[[int], str]) -> list[str]:
     """One line per thread in flight whose innermost Python frame is socket.getaddrinfo: the host it
-    resolves, the nameserver asked (facts/resolver.py, loaded at start-up) and for how long."""
+    resolves, the nameserver asked (facts/resolver.py) and for how long."""
     socket = sys.modules.get("socket")
     filename = getattr(socket, "__file__", None)
     if filename is None:
@@ -231,9 +227,6 @@ def lookups(chains: dict[int, list[TracedStep]], now: float, thread_name: Callab
         host = frame.f_locals.get("host")  # type: ignore[union-attr]
         if isinstance(host, bytes):
             host = host.decode("ascii", "backslashreplace")
-        resolver = sys.modules.get("importwatch.facts.resolver")  # loaded at start-up (see Retries)
-        if resolver is None:
-            continue
         servers = resolver.queried()
         text = resolver.lookup(
             host if isinstance(host, str) and host else None,
@@ -250,8 +243,7 @@ def lone_wait(
     """One line when the stalled thread is the program's only one and waits on a futex in an OpenMP
     runtime's code: the pool it waits for has no threads in this process (facts/pools.py)."""
     tid = tracer.native_ids.get(culprit)
-    pools = sys.modules.get("importwatch.facts.pools")  # loaded at start-up (see Retries)
-    library = None if tid is None or pools is None else pools.own_orphaned_wait(tid)
+    library = None if tid is None else pools.own_orphaned_wait(tid)
     return [] if library is None else [f"{thread_name(culprit)}: {pools.orphaned_pool(library, parent)}"]
 
 
@@ -267,13 +259,7 @@ class Retries:
     loop faster than the looks is counted low.
     """
 
-    def __init__(self, import_own: Callable) -> None:
-        # Loaded now, at start-up, never at a stall: a thread stalled in a finder holds the import
-        # lock, and an import made by the heartbeat would wait for it for ever (lone_wait's too).
-        # (Without sys._current_exceptions, 3.9, no look can see a refusal: retry.py is not needed.)
-        self.retry = import_own("importwatch.facts.retry") if hasattr(sys, "_current_exceptions") else None
-        import_own("importwatch.facts.pools")
-        import_own("importwatch.facts.resolver")
+    def __init__(self) -> None:
         # ident: (the args of the refusal last seen, how many were seen, the address tried)
         self.seen: dict[int, tuple[tuple, int, tuple[str, int] | None]] = {}
 
@@ -293,7 +279,6 @@ class Retries:
                 error = error[1]
             if error is None:
                 continue
-            retry = self.retry
             refused = retry.refusal(error)
             if refused is None:
                 continue
@@ -312,6 +297,6 @@ class Retries:
         lines = []
         for ident, (_, count, address) in self.seen.items():
             if count >= 2:  # one refusal handled is no loop yet
-                words = self.retry.words(address, count)
+                words = retry.words(address, count)
                 lines.append(f"{thread_name(ident)} is {words}")
         return lines

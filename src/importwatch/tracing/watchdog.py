@@ -1,15 +1,14 @@
 """Stall detection: a heartbeat thread for full reports, and faulthandler's GIL-free timer for the rest.
 
-A Python thread cannot run while dlopen or a C constructor holds the GIL, so two
-mechanisms share the work. The heartbeat, a plain ``_thread`` thread, sleeps until
-the next report is due (at most an eighth of the threshold; a step that begins
-while it sleeps wakes it if its next look would come too late) and writes the
-full report when it can run: the chains in flight in every thread, then
-faulthandler's dump. It keeps faulthandler's C timer armed for the moment the
-first stall report is due; if the GIL is held past that moment the heartbeat
-cannot cancel it, and faulthandler dumps the stacks on time, its frames naming
-the file in dlopen (see native.py). A fork child's heartbeat starts with the
-child's first step, and a heartbeat ends once the program's last thread has.
+A Python thread cannot run while dlopen or a C constructor holds the GIL, so two mechanisms share
+the work. The heartbeat, a plain ``_thread`` thread, sleeps until the next report is due (at most an
+eighth of the threshold; a step that begins while it sleeps wakes it if its next look would come too
+late) and writes the full report when it can run: the chains in flight in every thread, then
+faulthandler's dump. It keeps faulthandler's C timer armed for the moment the first stall report is
+due; if the GIL is held past that moment the heartbeat cannot cancel it, and faulthandler dumps the
+stacks on time, its frames naming the file in dlopen (see native.py). A fork child's heartbeat starts
+with the child's first step, and a heartbeat ends once the program's last thread has. The report's
+own modules run at the first look that finds a step without progress (see standby.py).
 """
 
 from __future__ import annotations
@@ -17,10 +16,9 @@ from __future__ import annotations
 import _thread
 import sys
 
-from importwatch.events import BUSY, RESUMED, STALL, STALL_CONTEXT, STALL_THREADS
+from importwatch.events import BUSY, RESUMED, STALL_CONTEXT, STALL_THREADS
 from importwatch.facts import procstat
-from importwatch.tracing import cpushare, stalls, threads
-from importwatch.tracing import report as reporting
+from importwatch.tracing import threads
 from importwatch.tracing.faults import SharedFaulthandler
 from importwatch.tracing.hook import NEVER
 from importwatch.tracing.sink import CLOCKS
@@ -30,6 +28,7 @@ if TYPE_CHECKING:
     from typing import Callable
 
     from importwatch.tracing.hook import TracedStep, Tracer
+    from importwatch.tracing.standby import Standby
 
 # Reports repeat while a stall lasts, each interval twice the one before.
 _GROWTH = 2.0
@@ -41,6 +40,16 @@ _GRACE = 0.3
 _REPEAT_GRACE = 3.0
 # A stalled thread running, or ready to run, at least this share of the time is busy, not stuck.
 _BUSY = 0.5
+# The stall report's modules, in the order they are run, at the first look that needs them (see standby.py).
+_KIT = (
+    "tracing.cpushare",
+    "facts.retry",
+    "facts.pools",
+    "facts.resolver",
+    "tracing.stalls",
+    "tracing.report",
+)
+KIT = tuple(f"importwatch.{name}" for name in _KIT)
 # How long stop() waits for the heartbeat to end (it is woken first, so this is only a bound).
 _STOP_WAIT = 1.0
 # In a process whose interpreter main thread is gone (a fork child of another thread), how often the
@@ -49,6 +58,14 @@ _ALONE_LOOK = 0.05
 # The longest the heartbeat sleeps while something is in flight: once nothing is, it leaves at its next
 # look, so the process is single-threaded again at most this long after its last step (see start).
 _IDLE_LOOK = 0.25
+
+
+class _Kit:
+    """The stall report's modules (KIT), run, and what the looks keep: the refusals seen."""
+
+    def __init__(self, import_own: Callable) -> None:
+        self.cpushare, *_, self.stalls, self.report = (import_own(name) for name in KIT)
+        self.retries = self.stalls.Retries()
 
 
 class Watchdog:
@@ -60,6 +77,7 @@ class Watchdog:
         timeout: float,
         exit_on_stall: bool = False,
         faults: SharedFaulthandler | None = None,
+        standby: Standby | None = None,
     ) -> None:
         self.tracer = tracer
         self.faults = SharedFaulthandler() if faults is None else faults  # the timer, shared with the program
@@ -92,7 +110,9 @@ class Watchdog:
         self.main_gone = False
         self.forked_from: int | None = None  # in a fork child, the parent's pid (set at its first step)
         self._reporting = _thread.allocate_lock()  # held while a report is written (see report)
-        self._retries = stalls.Retries(tracer.import_own)  # refused connections retried, seen at looks
+        self._kit: _Kit | None = None  # the stall report's modules, once run (see _ready)
+        if standby is None or not standby.read(KIT):
+            self._ready()
         # Loaded now: nothing may be imported once the program is stalled (see tracing/ending.py).
         self._ending = None
         if exit_on_stall:
@@ -101,12 +121,8 @@ class Watchdog:
 
     # -- life cycle ---------------------------------------------------------------
     def start(self) -> None:
-        """On, with no thread yet: the first step starts the heartbeat (see wake_up and _idle).
-
-        A process with a thread of ours is multi-threaded for the kernel, and some calls need it
-        single-threaded (unshare(CLONE_NEWUSER), setns into a user namespace): so our threads live
-        only while something is in flight.
-        """
+        """On, with no thread yet: the first step starts the heartbeat (see wake_up and _idle). Our threads
+        live only while something is in flight: some calls need a single-threaded process (unshare(CLONE_NEWUSER))."""
         if self._running:
             return
         self._running = True
@@ -117,12 +133,12 @@ class Watchdog:
         self._generation += 1
         self._gone = _thread.allocate_lock()  # held by the heartbeat until it has ended
         self._gone.acquire()
-        tasks = cpushare.tasks() if self.sink.feed is not None else None
+        tasks = procstat.tasks() if self.sink.feed is not None else None
         threads.start(self._heartbeat, (self._generation, self._gone))  # every signal blocked: the program's
         if tasks is not None:
             # Told now, for the watcher: the heartbeat names itself only once it runs, and a program
             # that holds the GIL from its first import on (a hung dlopen) never lets it.
-            new = cpushare.tasks() - tasks
+            new = procstat.tasks() - tasks
             if len(new) == 1:
                 self.sink.feed_line(f"#thread importwatch-heartbeat {new.pop()}")
 
@@ -149,12 +165,9 @@ class Watchdog:
             self._await_heartbeat()
 
     def _await_heartbeat(self) -> bool:
-        """Let the woken heartbeat end before the interpreter finalises (stop() runs at exit).
-
-        A thread still starting or waking while Python shuts down is a known way to crash it. A
-        SIGSEGV at exit was seen once on 3.9 and not reproduced; this was the one thread of ours
-        alive then. The wait costs about 0.7 ms at exit.
-        """
+        """Let the woken heartbeat end before the interpreter finalises (stop() runs at exit): a thread
+        still starting or waking while Python shuts down is a known way to crash it (a SIGSEGV at exit,
+        seen once on 3.9, not reproduced, with this thread alive). It costs about 0.7 ms at exit."""
         gone = self._gone
         if gone is None or _thread.get_ident() == self._heartbeat_ident:
             return False
@@ -167,10 +180,9 @@ class Watchdog:
     def step_begins(self, timeout: float | None) -> None:
         """A step began (see Tracer.on_deadline) with its own threshold TIMEOUT, or the watchdog's.
 
-        While nothing was in flight nothing may be armed, and a step that holds the
-        GIL at once would keep the heartbeat from arming it: cover it here. Wake the
-        heartbeat only if its next look would come too late for this step.
-        """
+        While nothing was in flight nothing may be armed, and a step that holds the GIL at once would
+        keep the heartbeat from arming it: cover it here. Wake the heartbeat only if its next look
+        would come too late for this step."""
         limit = self.timeout if timeout is None else timeout
         if limit <= 0:
             if self._dormant:
@@ -203,13 +215,12 @@ class Watchdog:
     def before_fork(self) -> bool:
         """End the heartbeat and cancel our deadline, and keep them so until after_fork; True if it ran.
 
-        Two reasons. A thread of ours alive at the fork is one more thread for Python's
-        3.12+ warning about forking a multi-threaded process (plain python would print
-        it only for the program's own threads). And a timer armed at the fork has no
-        thread in the child, whose cancel (at its exit, or our next arming) would then
-        wait for that thread for ever. So the lock that arming takes is held from here
-        across the fork: no other thread can arm the timer between the cancel and the fork.
-        The heartbeat is ended first, without the lock, since it may be waiting for it.
+        Two reasons. A thread of ours alive at the fork is one more thread for Python's 3.12+ warning
+        about forking a multi-threaded process (plain python would print it only for the program's own
+        threads). And a timer armed at the fork has no thread in the child, whose cancel (at its exit,
+        or our next arming) would then wait for that thread for ever. So the lock that arming takes is
+        held from here across the fork: no other thread can arm the timer between the cancel and the
+        fork. The heartbeat is ended first, without the lock, since it may be waiting for it.
         """
         with self._lock:
             self._forking = True  # no heartbeat starts from here on (see wake_up)
@@ -224,10 +235,9 @@ class Watchdog:
     def after_fork(self, in_child: bool, restart: bool = True, main_gone: bool = False) -> None:
         """Back from the fork: the heartbeat again now (RESTART), or at the next step (see wake_up).
 
-        The child always waits for its first step: a fork followed by exec (subprocess's
-        preexec_fn) then costs no thread and prints nothing. MAIN_GONE: the child of a
-        thread other than the interpreter's main one, which ends when its threads do.
-        """
+        The child always waits for its first step: a fork followed by exec (subprocess's preexec_fn)
+        then costs no thread and prints nothing. MAIN_GONE: the child of a thread other than the
+        interpreter's main one, which ends when its threads do."""
         if in_child:
             self._lock = _thread.RLock()  # held across the fork by the parent's before_fork
             self._reporting = _thread.allocate_lock()  # the heartbeat may have held it at the fork
@@ -325,7 +335,11 @@ class Watchdog:
                     self._say_fired()
             if fired:
                 return self.interval  # that stall has its dump: look again before reporting it
-        chains = self._retries.look(self.tracer.in_flight(), now - self.interval)  # counts refusals too
+        chains, kit = self.tracer.in_flight(), self._kit
+        if kit is None and any(chain[-1].progress <= now - self.interval for chain in chains.values()):
+            kit = self._ready()  # a step has gone a look without progress: a report may come
+        if kit is not None:
+            chains = kit.retries.look(chains, now - self.interval)  # counts refusals too
         if not chains:
             self._disarm()
             return self.longest
@@ -365,52 +379,36 @@ class Watchdog:
             self._report(now, chains, culprit)
 
     def _report(self, now: float, chains: dict[int, list[TracedStep]], culprit: int) -> None:
+        kit = self._ready()
         self._disarm()
         top = chains[culprit][-1]
         since, reports = self._stall(culprit, top)
         reports += 1
         self._stalled[culprit] = (top, since, reports)
-        self._fold_in(now, chains, culprit)
+        self._fold_in(now, chains, culprit, kit.stalls.waits(chains))
         self._tell_due()
         sink = self.sink
         # Looked at first, briefly: the headline says whether the thread is busy or stuck. A look that a
         # debugger's stop spoils is taken again, longer, after the report, for --exit-on-stall's decision.
-        share = self._cpu_share(culprit, cpushare.FIRST_STEPS)
+        share = self._cpu_share(culprit, kit.cpushare.FIRST_STEPS)
         busy = share is not None and share >= _BUSY
-        stacks_now = reporting.now_stacks()
-        waits = stalls.waits(chains)
-        thread_name = sink.thread_name
-        lines = [reporting.chain_line(culprit, chains[culprit], now, thread_name)]
-        lines += [reporting.chain_line(i, c, now, thread_name) for i, c in chains.items() if i != culprit]
-        waiting = [thread_name(waiter) for waiter, (owner, _) in waits.items() if owner == culprit]
-        waited = f"; waiting for its module lock: {', '.join(waiting)}" if waiting else ""
-        ending = stalls.at_exit(chains, thread_name)
-        waited += "; at exit: MainThread waits for it in threading's shutdown" if culprit in ending else ""
-        culprit_name = thread_name(culprit)
-        fields = {
-            "seconds": round(now - since, 1),
-            "stalled": culprit_name,
-            "chain": lines[0][len(culprit_name) + 2 :] + waited,  # the line without its "NAME: "
-            "report": reports,
-            "busy": busy,
-            "at": reporting.innermost(stacks_now.get(culprit, [])),
-        }
-        sink.event(STALL, {**fields, "chains": lines})
-        if reports == 1:  # a later report of the same step is its headline alone (see _stall)
-            # Who waits for whom first: the answer, where there is one.
-            context = [*ending.values(), *stalls.deadlocks(waits, thread_name)]
-            context += reporting.context(chains[culprit], now)
-            context += stalls.lookups(chains, now, thread_name)
-            context += stalls.lone_wait(self.tracer, culprit, thread_name, self.forked_from)
-            context += self._retries.lines(thread_name)
-            order = [culprit, *(ident for ident in chains if ident != culprit)]
-            ours = {_thread.get_ident(), *sink.own_threads()}
-            reporting.detail(sink, lines[1:], context, share if busy else None, stacks_now, order, ours)
+        kit.report.write(
+            sink,
+            self.tracer,
+            chains,
+            culprit,
+            now,
+            (since, reports),
+            share,
+            busy,
+            kit.retries,
+            self.forked_from,
+        )
         if share is None and self.exit_on_stall:
             share = self._cpu_share(culprit)
             if share is not None and share >= _BUSY:
                 busy = True
-                sink.event(BUSY, reporting.busy_fields(thread_name(culprit), min(share, 1.0)))
+                sink.event(BUSY, kit.report.busy_fields(sink.thread_name(culprit), min(share, 1.0)))
         debugger = procstat.tracer_pid() if share is None else 0
         # Looked at after the report: a step that ended meanwhile (during the CPU look) has its end
         # line written already (step_ended then waits for this report).
@@ -430,13 +428,11 @@ class Watchdog:
 
     def _thread_map(self) -> None:
         """Each thread as faulthandler's dump names it (its address), and by name."""
-        threads = stalls.thread_names(self.sink.thread_name)
-        self.sink.event(STALL_THREADS, {"threads": threads})
+        self.sink.event(STALL_THREADS, {"threads": self.sink.thread_names()})
 
-    def _fold_in(self, now: float, chains: dict[int, list[TracedStep]], culprit: int) -> None:
+    def _fold_in(self, now: float, chains: dict[int, list[TracedStep]], culprit: int, found: dict) -> None:
         """Count this report for every other chain whose report is due as well, or that waits for the
-        culprit's module lock or holds the one it waits for: one report tells them all."""
-        found = stalls.waits(chains)
+        culprit's module lock or holds the one it waits for (FOUND: stalls.waits): one report tells them all."""
         related = {waiter for waiter, (owner, _) in found.items() if owner == culprit}
         related.add(found.get(culprit, (0, ""))[0])
         for ident, chain in chains.items():
@@ -448,10 +444,18 @@ class Watchdog:
             if ident in related or now + self.interval >= since + limit * _GROWTH**reports:
                 self._stalled[ident] = (top, since, reports + 1)
 
-    def _cpu_share(self, ident: int, steps: int = cpushare.STEPS) -> float | None:
+    def _ready(self) -> _Kit:
+        """The stall report's modules, run now if they have not been (see standby.py)."""
+        kit = self._kit
+        if kit is None:
+            kit = self._kit = _Kit(self.tracer.import_own)
+        return kit
+
+    def _cpu_share(self, ident: int, steps: int | None = None) -> float | None:
         """The share of a CPU thread IDENT used just now (see cpushare.share); None when unknown."""
         tid = self.tracer.native_ids.get(ident)
-        return None if tid is None else cpushare.share(tid, steps)
+        cpushare = self._ready().cpushare
+        return None if tid is None else cpushare.share(tid, cpushare.STEPS if steps is None else steps)
 
     def _limit(self, frame: TracedStep) -> float:
         """A step's stall threshold: its own timeout (a phase's), or the watchdog's."""
@@ -494,7 +498,7 @@ class Watchdog:
     def _say_fired(self) -> None:
         """Python runs again after faulthandler dumped a stall on its own: where that dump went, and
         the names of the threads it gave by address only."""
-        self.sink.event(RESUMED, {"dumped": reporting.dumped_where(self.sink)})
+        self.sink.event(RESUMED, {"dumped": self.sink.dumped_where()})
         self._thread_map()
 
     def _tell_due(self) -> None:
@@ -518,23 +522,19 @@ class Watchdog:
     def _cover(self, start: float, limit: float) -> None:
         """See that faulthandler's timer is armed for a step that began at START with threshold LIMIT.
 
-        Arming starts a thread in faulthandler and cancelling joins it, about 70 us
-        each: too dear for every one of the tens of dlopens an `import torch` makes in
-        a burst. So a deadline already armed is kept when it is due no later than this
-        step's own and less than `longest` earlier, as the heartbeat keeps its own.
-        """
+        Arming starts a thread in faulthandler and cancelling joins it, about 70 us each: too dear for
+        every one of the tens of dlopens an `import torch` makes in a burst. So a deadline already armed
+        is kept when it is due no later than this step's own and less than `longest` earlier, as the
+        heartbeat keeps its own."""
         deadline = start + limit + _GRACE
         armed = self._armed_for
         if armed is None or armed > deadline or armed <= deadline - self.longest:
             self._arm(deadline, start)
 
     def gil_released(self, frame: TracedStep) -> None:
-        """After a dlopen: say so if faulthandler reported it.
-
-        A timer still armed is left for the heartbeat's next look, which re-arms it
-        for what is in flight then or cancels it; cancelling here would cost each
-        load a thread join (see _cover).
-        """
+        """After a dlopen: say so if faulthandler reported it. A timer still armed is left for the
+        heartbeat's next look, which re-arms it for what is in flight then or cancels it; cancelling here
+        would cost each load a thread join (see _cover)."""
         armed = self._armed_for
         if armed is None:
             return
@@ -545,7 +545,7 @@ class Watchdog:
             if self._fired(now):
                 seconds = round(now - frame.start, 1)
                 fields = {"name": frame.name, "seconds": seconds, "interrupted": False}
-                self.sink.event(RESUMED, {**fields, "dumped": reporting.dumped_where(self.sink)})
+                self.sink.event(RESUMED, {**fields, "dumped": self.sink.dumped_where()})
                 self._thread_map()  # faulthandler's dump named the threads by address only
 
     def _fired(self, now: float) -> bool:

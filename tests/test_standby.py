@@ -1,0 +1,103 @@
+"""The stall report's modules: read at start-up, run only at the first look that needs them, without the import system.
+
+A copy of importwatch's source runs from PYTHONPATH, so that a test can take its files away
+while the program runs (as a file system that blocks would hold them) or leave one stale.
+"""
+
+from __future__ import annotations
+
+import compileall
+import os
+import py_compile
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers import clean_env
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
+
+# The first and the last of the stall report's modules (tracing/watchdog.py's KIT).
+KIT = ("importwatch.tracing.cpushare", "importwatch.tracing.stalls", "importwatch.tracing.report")
+FIRST_LINE = f"import sys\nprint('kit at start:', any(name in sys.modules for name in {KIT!r}), flush=True)\n"
+# Our files go away while the program runs; then a finder hangs holding importlib's global lock.
+GONE_THEN_HUNG = (
+    FIRST_LINE
+    + """import shutil, time
+shutil.rmtree({copy!r})
+class Slow:
+    def find_spec(self, name, path=None, target=None):
+        if name == "hangs":
+            time.sleep(30)
+        return None
+sys.meta_path.insert(0, Slow())
+import hangs
+"""
+)
+
+
+@pytest.fixture
+def copy(tmp_path: Path) -> Path:
+    """A folder holding a copy of importwatch's source (its C accelerator too), compiled."""
+    import importwatch
+
+    folder = tmp_path / "copy"
+    shutil.copytree(
+        Path(importwatch.__file__).parent,
+        folder / "importwatch",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
+    assert compileall.compile_dir(str(folder), quiet=1)
+    return folder
+
+
+def _run(how: str, copy: Path, cwd: Path, *options: str) -> subprocess.CompletedProcess:
+    env = clean_env(PYTHONPATH=str(copy))
+    if how == "runner":
+        command = [sys.executable, "-m", "importwatch", "--no-watcher", *options, "run.py"]
+    else:
+        command = [sys.executable, "run.py"]
+        env.update(IMPORTWATCH="1", IMPORTWATCH_TIMEOUT="1", IMPORTWATCH_EXIT_ON_STALL="1")
+    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=90)
+
+
+@pytest.mark.parametrize("how", ["runner", "IMPORTWATCH=1"])
+def test_the_stall_report_comes_from_memory_once_our_files_are_gone(
+    tmp_path: Path, copy: Path, how: str
+) -> None:
+    (tmp_path / "run.py").write_text(GONE_THEN_HUNG.format(copy=str(copy)))
+    done = _run(how, copy, tmp_path, "--timeout", "1", "--exit-on-stall")
+    assert done.stdout == "kit at start: False\n", done.stderr
+    assert not copy.exists()
+    assert done.returncode == 1, done.stderr
+    assert "in flight: MainThread: hangs (finding, " in done.stderr, done.stderr
+    assert "Stacks of the program's threads" in done.stderr and "exiting with status 1" in done.stderr
+    assert "watchdog error" not in done.stderr and "internal error" not in done.stderr, done.stderr
+
+
+def test_a_stale_compiled_file_is_imported_at_start_then_read_again(tmp_path: Path, copy: Path) -> None:
+    """An edited module (its source newer than its compiled file): start-up imports the report's
+    modules the usual way, which writes the compiled file afresh; the next start reads it."""
+    source = copy / "importwatch" / "tracing" / "stalls.py"
+    stat = source.stat()
+    os.utime(source, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**10))
+    (tmp_path / "run.py").write_text(FIRST_LINE)
+    first, second = (_run("runner", copy, tmp_path) for _ in range(2))
+    assert (first.returncode, first.stdout) == (0, "kit at start: True\n"), first.stderr
+    assert (second.returncode, second.stdout) == (0, "kit at start: False\n"), second.stderr
+
+
+def test_a_hash_checked_compiled_file_is_imported_at_start(tmp_path: Path, copy: Path) -> None:
+    """Checked by hash (as reproducible builds compile): telling it fresh means hashing the source,
+    so start-up imports the modules the usual way, every time."""
+    source = copy / "importwatch" / "tracing" / "report.py"
+    py_compile.compile(
+        str(source), invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH, doraise=True
+    )
+    (tmp_path / "run.py").write_text(FIRST_LINE)
+    for _ in range(2):
+        done = _run("runner", copy, tmp_path)
+        assert (done.returncode, done.stdout) == (0, "kit at start: True\n"), done.stderr
