@@ -35,6 +35,20 @@ _NOT_PASSED_ON = (
 _PASSED_ON = ("IMPORTWATCH_PURE",)
 
 
+# A program whose finder hangs at the import of `hangs`, holding importlib's global lock (find_spec
+# runs under it): the heartbeat must import nothing at a report. BODY is the rest of the program.
+HUNG_FINDER = """\
+import sys, time
+class Slow:
+    def find_spec(self, name, path=None, target=None):
+        if name == "hangs":
+            time.sleep(30)
+        return None
+sys.meta_path.insert(0, Slow())
+{body}
+"""
+
+
 def clean_env(**extra: str) -> dict[str, str]:
     """The environment minus what would change a traced process (see _NOT_PASSED_ON), plus EXTRA."""
     env = {k: v for k, v in os.environ.items() if k in _PASSED_ON or not k.startswith(_NOT_PASSED_ON)}

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import clean_env, importwatch, traced
+from helpers import HUNG_FINDER, clean_env, importwatch, traced
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.slow]
 
@@ -247,17 +247,6 @@ def test_busy_import_is_slow_not_stuck_and_not_ended(tmp_path: Path) -> None:
     assert "exiting with status 1" not in result.stderr and "< spin " in result.stderr
 
 
-# A finder that hangs holds importlib's global lock: the heartbeat must import nothing at a report.
-_HUNG_FINDER = """\
-import sys, time
-class Slow:
-    def find_spec(self, name, path=None, target=None):
-        if name == "hangs":
-            time.sleep(30)
-        return None
-sys.meta_path.insert(0, Slow())
-{body}
-"""
 _FINDER_BODIES = {
     "plain": "import hangs\n",
     # handling an exception while it hangs: what a retry loop's look reads
@@ -269,7 +258,7 @@ _FINDER_BODIES = {
 @pytest.mark.parametrize("body", sorted(_FINDER_BODIES))
 @pytest.mark.parametrize("how", ["runner", "IMPORTWATCH=1"])
 def test_a_finder_that_hangs_holding_the_import_lock_is_reported_whole_and_ended(tmp_path: Path, how, body):
-    (tmp_path / "run.py").write_text(_HUNG_FINDER.format(body=_FINDER_BODIES[body]))
+    (tmp_path / "run.py").write_text(HUNG_FINDER.format(body=_FINDER_BODIES[body]))
     env = clean_env(PYTHONPATH=str(tmp_path))
     if how == "runner":
         done = importwatch(

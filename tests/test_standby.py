@@ -16,26 +16,16 @@ from pathlib import Path
 
 import pytest
 
-from helpers import clean_env
+from helpers import HUNG_FINDER, clean_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
-# The first and the last of the stall report's modules (tracing/watchdog.py's KIT).
+# Three of the stall report's modules (tracing/watchdog.py's KIT).
 KIT = ("importwatch.tracing.cpushare", "importwatch.tracing.stalls", "importwatch.tracing.report")
 FIRST_LINE = f"import sys\nprint('kit at start:', any(name in sys.modules for name in {KIT!r}), flush=True)\n"
 # Our files go away while the program runs; then a finder hangs holding importlib's global lock.
-GONE_THEN_HUNG = (
-    FIRST_LINE
-    + """import shutil, time
-shutil.rmtree({copy!r})
-class Slow:
-    def find_spec(self, name, path=None, target=None):
-        if name == "hangs":
-            time.sleep(30)
-        return None
-sys.meta_path.insert(0, Slow())
-import hangs
-"""
+GONE_THEN_HUNG = FIRST_LINE + HUNG_FINDER.format(
+    body="import shutil\nshutil.rmtree({copy!r})\nimport hangs\n"
 )
 
 
