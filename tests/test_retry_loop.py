@@ -184,34 +184,37 @@ class Token:
     def __del__(self):
         print("freed", self.number, flush=True)
 """
-_LOOPS = {
-    # A module-level loop that tries every 50 ms through create_connection, sleeping in its except clause.
-    "create_connection": """
-def attempt(number, port):
-    token = Token(number)
-    print("try", number, flush=True)
-    return socket.create_connection(("127.0.0.1", port))
-
-
+# The loop: ATTEMPT defined before it, PAUSE in its except clause.
+_LOOP = """
 port = {port}
-number = 0
-while True:
-    number += 1
+for number in range(1, 26):
     if number == 25:
         server = socket.create_server(("127.0.0.1", port))
     try:
         attempt(number, port).close()
         break
     except ConnectionRefusedError:
-        time.sleep(0.05)
+        {pause}
 print("connected after", number, flush=True)
+"""
+_LOOPS = {
+    # Through create_connection, sleeping 50 ms in the loop's except clause.
+    "create_connection": (
+        """
+def attempt(number, port):
+    token = Token(number)
+    print("try", number, flush=True)
+    return socket.create_connection(("127.0.0.1", port))
 """,
+        "time.sleep(0.05)",
+    ),
     # The refusal handled inside a function still running (it sleeps in its `except ... as error:`,
     # then re-raises): reading that frame's locals from the heartbeat made a snapshot of them on the
     # frame (3.10 to 3.12), which outlived the function's own `error`, `token` and `sock` and, once the
     # exception carried the frame away, tied them in a cycle with it. With the collector off, as a
     # program may keep it, each token was then freed only at exit.
-    "inside a function": """
+    "inside a function": (
+        """
 gc.disable()
 
 
@@ -226,19 +229,9 @@ def attempt(number, port):
         time.sleep(0.05)
         raise
     return sock
-
-
-port = {port}
-for number in range(1, 26):
-    if number == 25:
-        server = socket.create_server(("127.0.0.1", port))
-    try:
-        attempt(number, port).close()
-        break
-    except ConnectionRefusedError:
-        pass
-print("connected after", number, flush=True)
 """,
+        "pass",
+    ),
 }
 
 
@@ -247,7 +240,8 @@ print("connected after", number, flush=True)
 def test_watching_a_retry_loop_keeps_none_of_its_objects_alive(
     tmp_path: Path, closed_port: int, loop: str
 ) -> None:
-    (tmp_path / "fast.py").write_text(_TOKEN + _LOOPS[loop].format(port=closed_port))
+    attempt, pause = _LOOPS[loop]
+    (tmp_path / "fast.py").write_text(_TOKEN + attempt + _LOOP.format(port=closed_port, pause=pause))
     (tmp_path / "main.py").write_text("import fast\n")
     expected = "".join(f"try {n}\nfreed {n}\n" for n in range(1, 26)) + "connected after 25\n"
     commands = {
