@@ -32,11 +32,15 @@ _NAME = "importwatch-feed"
 _LONGEST = 1 << 16
 
 
-def create(speedups: ModuleType | None) -> tuple[int, Ring]:
+def create(
+    speedups: ModuleType | None, import_own: Callable[[str], ModuleType] = __import__
+) -> tuple[int, Ring]:
     """A new ring and its memfd (close-on-exec), for the watcher to inherit; OSError when it cannot be made.
 
     Mapped by the C accelerator (SPEEDUPS) when built: `import mmap` would cost the
-    program's start-up half a millisecond, and mmap is not ours to import early.
+    program's start-up half a millisecond, and mmap is not ours to import early. Else mmap
+    comes through IMPORT_OWN (Tracer.import_own): in a fork child, whose tracing is on, an
+    import statement here would be a line of the program's.
     """
     fd = os.memfd_create(_NAME, os.MFD_CLOEXEC)
     try:
@@ -44,9 +48,7 @@ def create(speedups: ModuleType | None) -> tuple[int, Ring]:
         if speedups is not None:
             mapping = speedups.shared_memory(fd, HEADER + SIZE)
         else:
-            import mmap
-
-            mapping = mmap.mmap(fd, HEADER + SIZE)
+            mapping = import_own("mmap").mmap(fd, HEADER + SIZE)
     except BaseException:
         os.close(fd)
         raise

@@ -237,7 +237,7 @@ class Session:
 
         self.spawning = True
         try:
-            why = watcher_launch.launch(self.sink, self.settings)
+            why = watcher_launch.launch(self.sink, self.settings, self.tracer.import_own)
         except OSError as error:
             why = str(error)
         finally:

@@ -67,8 +67,9 @@ _ADOPTED = "this process is a child subreaper, so the watcher would be its child
 _BOOT = "import sys; sys.path.insert(0, sys.argv.pop(1)); from importwatch.watcher.loop import main; sys.exit(main())"
 
 
-def launch(sink: Sink, settings: Settings) -> str | None:
-    """Start the watcher for this process, with SETTINGS, and connect SINK's feed to it; returns why not, or None."""
+def launch(sink: Sink, settings: Settings, import_own: Callable[[str], Any] = __import__) -> str | None:
+    """Start the watcher for this process, with SETTINGS, and connect SINK's feed to it; returns why not, or
+    None. IMPORT_OWN (Tracer.import_own) imports what it needs that is not ours, without a line."""
     executable = sys.executable and os.path.abspath(sys.executable)  # it runs from /
     refused = _refused(executable)
     if refused:
@@ -80,7 +81,7 @@ def launch(sink: Sink, settings: Settings) -> str | None:
     if spawn is not None and spawn.child_subreaper():
         return _ADOPTED
     try:
-        ring_fd, feed_ring = ring.create(ACCELERATOR)
+        ring_fd, feed_ring = ring.create(ACCELERATOR, import_own)
     except (AttributeError, OSError) as error:  # no memfd_create (Linux < 3.17), or no memory
         return f"no shared memory for its feed ({getattr(error, 'strerror', None) or error})"
     try:
