@@ -37,8 +37,9 @@ class Standby:
 
     def __init__(self) -> None:
         self._code: dict[str, tuple[str, bytes]] = {}  # name: (its source file, its compiled file's bytes)
-        # Two threads may want one module at once (the heartbeat, and a program thread at a fork's
-        # end): one runs it, the other waits. Never held across a fork: a fork ends the heartbeat first.
+        # Two threads may want one module at once (a heartbeat ending as the next one starts, or a
+        # program thread through import_own): one runs it, the other waits. Never held across a fork:
+        # a fork ends the heartbeat first, and nothing else here runs long.
         self._lock = _thread.allocate_lock()
 
     def read(self, names: tuple[str, ...]) -> bool:
