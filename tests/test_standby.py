@@ -91,3 +91,41 @@ def test_a_hash_checked_compiled_file_is_imported_at_start(tmp_path: Path, copy:
     for _ in range(2):
         done = _run("runner", copy, tmp_path)
         assert (done.returncode, done.stdout) == (0, "kit at start: True\n"), done.stderr
+
+
+# A step a look long runs the report's modules (at the heartbeat's first look); a thread of the
+# program's watches sys.modules meanwhile. Our modules run from their bytes must take nothing that
+# start-up holds back from the program (__future__ above all, which plain python has not loaded):
+# lent into sys.modules by the heartbeat, the program's own import of it in that moment would be no
+# import, and it would be taken out of sys.modules again under the program's feet.
+LONG_STEP = """
+import sys, threading, time
+seen = set()
+def watch():
+    while not done:
+        seen.update(name for name in ("__future__",) if name in sys.modules)
+done = False
+watcher = threading.Thread(target=watch)
+watcher.start()
+time.sleep(0.7)
+done = True
+watcher.join()
+"""
+AFTER = (
+    "import sys\nprint('kit ran:', all(name in sys.modules for name in {kit!r}))\n"
+    "print('seen:', sorted(longstep.seen), '__future__' in sys.modules)\n"
+)
+
+
+def test_the_report_s_modules_run_from_their_bytes_take_nothing_held_back(tmp_path: Path, copy: Path) -> None:
+    (tmp_path / "longstep.py").write_text(LONG_STEP)
+    (tmp_path / "run.py").write_text("import longstep\n" + AFTER.format(kit=KIT))
+    plain = subprocess.run(
+        [sys.executable, "run.py"], cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=60
+    )
+    assert plain.stdout == "kit ran: False\nseen: [] False\n", plain.stderr
+    for how in ("runner", "IMPORTWATCH=1"):
+        done = _run(how, copy, tmp_path, "--timeout", "30")
+        assert done.stdout == "kit ran: True\nseen: [] False\n", (how, done.stderr)
+        ours = [line for line in done.stderr.splitlines() if " importwatch-heartbeat] " in line]
+        assert not [line for line in ours if "> " in line], (how, ours)

@@ -10,8 +10,8 @@ Imports nothing but os and procstat at its top: the stall report loads it inside
 process, where every import of ours would be a line in the program's log.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: run from memory at a stall (tracing/standby.py), this module
+# may import nothing that start-up holds back from the program, __future__ included.
 import os
 
 from importwatch.facts import procstat
@@ -33,7 +33,7 @@ FIX = (
 )
 
 
-def orphaned_wait(pid: int, sample: ThreadSample, code: CodeRanges) -> str | None:
+def orphaned_wait(pid: int, sample: "ThreadSample", code: "CodeRanges") -> "str | None":
     """The pool runtime's library when thread SAMPLE (of PID) waits on a futex in its code and no other
     thread of PID could wake it (procstat.has_waker); None when not so."""
     from importwatch.facts import process
@@ -49,7 +49,7 @@ def orphaned_wait(pid: int, sample: ThreadSample, code: CodeRanges) -> str | Non
     return next((path for path in on_stack if is_runtime(path)), None)
 
 
-def own_orphaned_wait(tid: int) -> str | None:
+def own_orphaned_wait(tid: int) -> "str | None":
     """orphaned_wait for thread TID of this process, read from /proc/self with os alone.
 
     Only the syscall's program counter is read (no stack walk): a runtime that waits through libc
@@ -66,7 +66,7 @@ def own_orphaned_wait(tid: int) -> str | None:
     return library if library is not None and is_runtime(library) else None
 
 
-def orphaned_pool(library: str, parent: int | None) -> str:
+def orphaned_pool(library: str, parent: "int | None") -> str:
     """In words: the thread waits in LIBRARY's pool, which has no threads in this process.
 
     PARENT is the pid of the process this one was forked from, when known.
@@ -93,7 +93,7 @@ def _stem(path: str) -> str:
     return os.path.basename(path).split(".so", 1)[0].split("-", 1)[0]
 
 
-def _own_library_at(address: int) -> str | None:
+def _own_library_at(address: int) -> "str | None":
     """The file mapped executable at ADDRESS in this process."""
     maps = procstat.read_file("/proc/self/maps", 1 << 26) or b""
     for line in maps.splitlines():

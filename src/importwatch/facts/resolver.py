@@ -7,8 +7,8 @@ process's own view of /etc/resolv.conf (/proc/PID/root: its mount namespace, a
 container's file). The standard library only: the traced process reads this too.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: run from memory at a stall (tracing/standby.py), this module
+# may import nothing that start-up holds back from the program, __future__ included.
 import os
 
 from importwatch.facts import procstat
@@ -22,7 +22,7 @@ def is_dns_peer(peer: str) -> bool:
     return peer.rpartition(":")[2] == str(DNS_PORT)
 
 
-def nameservers(pid: int | None = None) -> list[str] | None:
+def nameservers(pid: "int | None" = None) -> "list[str] | None":
     """The nameservers resolv.conf names, as PID sees the file (None: this process); None when unreadable."""
     path = RESOLV_CONF if pid is None else f"/proc/{pid}/root{RESOLV_CONF}"
     try:
@@ -38,7 +38,9 @@ def nameservers(pid: int | None = None) -> list[str] | None:
     return found
 
 
-def lookup(host: str | None, server: str | None, seconds: float | None, pid: int | None = None) -> str:
+def lookup(
+    host: "str | None", server: "str | None", seconds: "float | None", pid: "int | None" = None
+) -> str:
     """`DNS lookup of HOST (nameserver ADDRESS from /etc/resolv.conf, no answer for N s)`, with what is known.
 
     SERVER is the nameserver's address (no port) when a socket to it was seen; without
@@ -63,7 +65,7 @@ def server_of(peer: str) -> str:
     return peer.rpartition(":")[0].strip("[]")
 
 
-def queried(pid: int | None = None) -> list[str]:
+def queried(pid: "int | None" = None) -> list[str]:
     """The nameservers PID (None: this process) has a UDP socket connected to: its lookups in flight."""
     where = "self" if pid is None else str(pid)
     try:

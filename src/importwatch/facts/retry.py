@@ -10,8 +10,8 @@ tuple of the caller. /proc/net/tcp says whether anything listens on the port. Th
 standard library only, imported by the stall report only when it needs it.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: run from memory at a stall (tracing/standby.py), this module
+# may import nothing that start-up holds back from the program, __future__ included.
 import builtins
 import os
 import sys
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from types import FrameType
 
 
-def refusal(error: object) -> BaseException | None:
+def refusal(error: object) -> "BaseException | None":
     """The ConnectionRefusedError in ERROR or what it wraps (its cause, context, a URLError's reason, an
     ExceptionGroup's members); None when the error is no refused connection."""
     seen = 0
@@ -56,7 +56,7 @@ def refusal(error: object) -> BaseException | None:
     return None
 
 
-def address_of(errors: list[BaseException]) -> tuple[str, int] | None:
+def address_of(errors: list[BaseException]) -> "tuple[str, int] | None":
     """The (host, port) a connection was tried to, from the locals of the frames in the ERRORS' tracebacks
     (innermost first): create_connection's resolved `sa`, an `address`-like tuple, a host and a port;
     else any (host, port) tuple the frame's code names (a loop's own `sock.connect(store)`)."""
@@ -83,7 +83,7 @@ def address_of(errors: list[BaseException]) -> tuple[str, int] | None:
     return None
 
 
-def _locals(frame: FrameType, running: set[int]) -> Mapping[str, object] | None:
+def _locals(frame: "FrameType", running: set[int]) -> "Mapping[str, object] | None":
     """FRAME's locals, or None where reading them would keep the program's objects alive.
 
     Before 3.13 a function's `f_locals` is a snapshot kept on its frame until the next read or the
@@ -108,7 +108,7 @@ def _running_frames() -> set[int]:
     return running
 
 
-def _pair(value: object) -> tuple[str, int] | None:
+def _pair(value: object) -> "tuple[str, int] | None":
     """VALUE as an address (host, port, ...): a tuple of a host name and an int."""
     if isinstance(value, tuple) and len(value) >= 2 and isinstance(value[1], int):
         host = value[0]
@@ -119,7 +119,7 @@ def _pair(value: object) -> tuple[str, int] | None:
     return None
 
 
-def _pair_in(values: dict) -> tuple[str, int] | None:
+def _pair_in(values: dict) -> "tuple[str, int] | None":
     for name in _ADDRESS_NAMES:
         found = _pair(values.get(name))
         if found is not None:
@@ -131,7 +131,7 @@ def _pair_in(values: dict) -> tuple[str, int] | None:
     return None
 
 
-def listening(port: int, pid: int | None = None) -> bool | None:
+def listening(port: int, pid: "int | None" = None) -> "bool | None":
     """Whether a TCP socket listens on PORT in PID's network namespace (None: this process's); None when
     /proc cannot say."""
     where = "self" if pid is None else str(pid)
@@ -147,7 +147,7 @@ def listening(port: int, pid: int | None = None) -> bool | None:
     return False if known else None
 
 
-def words(address: tuple[str, int] | None, refused: int | None, pid: int | None = None) -> str:
+def words(address: "tuple[str, int] | None", refused: "int | None", pid: "int | None" = None) -> str:
     """`retrying a connection to HOST:PORT, refused N times; nothing listens there`, with what is known.
 
     REFUSED: the refusals counted (None: not counted, one look).
@@ -161,7 +161,7 @@ def words(address: tuple[str, int] | None, refused: int | None, pid: int | None 
     return text + listener_note(address, pid)
 
 
-def listener_note(address: tuple[str, int] | None, pid: int | None = None) -> str:
+def listener_note(address: "tuple[str, int] | None", pid: "int | None" = None) -> str:
     """`; nothing listens there`, or what else refuses a connection to ADDRESS; empty when unknown."""
     if address is None:
         return ""

@@ -3,8 +3,8 @@
 Runs in the heartbeat thread (see watchdog.py); reads /proc/self only.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: run from memory at a stall (tracing/standby.py), this module
+# may import nothing that start-up holds back from the program, __future__ included.
 import _thread
 import os
 import time
@@ -24,7 +24,7 @@ _RAN = 0.5
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
-def _demand(task: str) -> float | None:
+def _demand(task: str) -> "float | None":
     """Seconds thread TASK (/proc/self/task/TID) has run or waited in the run queue for a CPU.
 
     On a loaded machine a spinning thread gets only part of a CPU, yet never waits
@@ -34,7 +34,7 @@ def _demand(task: str) -> float | None:
     return seconds if seconds is not None else _cpu_seconds(f"{task}/stat")
 
 
-def _cpu_seconds(stat_path: str) -> float | None:
+def _cpu_seconds(stat_path: str) -> "float | None":
     """User plus system CPU seconds of one thread, from /proc/self/task/TID/stat."""
     fields = procstat.fields(stat_path)
     try:
@@ -43,7 +43,7 @@ def _cpu_seconds(stat_path: str) -> float | None:
         return None
 
 
-def share(tid: int, steps: int = STEPS) -> float | None:
+def share(tid: int, steps: int = STEPS) -> "float | None":
     """The share of time thread TID (its kernel id) ran or was ready to run, over _LOOK seconds in which the
     process ran free.
 

@@ -7,8 +7,8 @@ first, and the frames of importlib, runpy, threading and importwatch folded to a
 The terminal gets that short form; a text log gets every frame of every thread.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: run from memory at a stall (tracing/standby.py), this module
+# may import nothing that start-up holds back from the program, __future__ included.
 import _thread
 import os
 import sys
@@ -39,7 +39,7 @@ _NVIDIA_VERSION = "/proc/driver/nvidia/version"
 Frame = tuple  # (file, line, function)
 
 
-def _machinery(frame: Frame) -> bool:
+def _machinery(frame: "Frame") -> bool:
     """Whether a frame is the interpreter's or ours (the dlopen frame of native.py names the load: kept)."""
     filename, _, function = frame
     if function.startswith("dlopen "):
@@ -49,7 +49,7 @@ def _machinery(frame: Frame) -> bool:
     return filename.startswith(_STDLIB) and os.path.basename(filename) in _MACHINERY
 
 
-def frames_of(frame: object) -> list[Frame]:
+def frames_of(frame: object) -> "list[Frame]":
     """A Python frame and its callers, innermost first, as (file, line, function)."""
     found: list[Frame] = []
     while frame is not None and len(found) < _MAX_FRAMES:
@@ -59,7 +59,7 @@ def frames_of(frame: object) -> list[Frame]:
     return found
 
 
-def innermost(frames: list[Frame]) -> str | None:
+def innermost(frames: "list[Frame]") -> "str | None":
     """Where a thread is, in the program's own code: `FILE:LINE in FUNCTION` of its innermost such frame."""
     for frame in frames:
         if not _machinery(frame):
@@ -67,11 +67,11 @@ def innermost(frames: list[Frame]) -> str | None:
     return None
 
 
-def _line(frame: Frame) -> str:
+def _line(frame: "Frame") -> str:
     return f'  File "{frame[0]}", line {frame[1]} in {frame[2]}'
 
 
-def folded(frames: list[Frame]) -> list[str]:
+def folded(frames: "list[Frame]") -> list[str]:
     """FRAMES as lines, each run of the interpreter's and our frames folded to one count."""
     lines: list[str] = []
     run = 0
@@ -89,10 +89,10 @@ def folded(frames: list[Frame]) -> list[str]:
 
 
 def stacks(
-    stacks_now: dict[int, list[Frame]],
+    stacks_now: "dict[int, list[Frame]]",
     order: list[int],
     ours: set[int],
-    thread_name: Callable[[int], str],
+    thread_name: "Callable[[int], str]",
 ) -> tuple[list[str], list[str]]:
     """The stacks as the terminal shows them (short) and as a log keeps them (every frame, every thread).
 
@@ -123,16 +123,16 @@ def stacks(
 
 
 def write(
-    sink: Sink,
-    tracer: Tracer,
-    chains: dict[int, list[TracedStep]],
+    sink: "Sink",
+    tracer: "Tracer",
+    chains: "dict[int, list[TracedStep]]",
     culprit: int,
     now: float,
     stalled: tuple[float, int],
-    share: float | None,
+    share: "float | None",
     busy: bool,
-    retries: Retries,
-    forked_from: int | None,
+    retries: "Retries",
+    forked_from: "int | None",
 ) -> None:
     """A stall report of thread CULPRIT, STALLED since then, for the nth time: its headline (the STALL
     event, the CPU SHARE it used and whether that is BUSY), and for a first report what follows it."""
@@ -168,17 +168,17 @@ def write(
         detail(sink, lines[1:], context_lines, share if busy else None, stacks_now, order, ours)
 
 
-def now_stacks() -> dict[int, list[Frame]]:
+def now_stacks() -> "dict[int, list[Frame]]":
     """Every Python thread's frames now, ours too (a log shows them)."""
     return {ident: frames_of(frame) for ident, frame in sys._current_frames().items()}
 
 
-def chain_line(ident: int, chain: list[TracedStep], now: float, thread_name: Callable[[int], str]) -> str:
+def chain_line(ident: int, chain: "list[TracedStep]", now: float, thread_name: "Callable[[int], str]") -> str:
     """`NAME: step > step > ...`, outermost first, each step with its phase and age."""
     return f"{thread_name(ident)}: " + " > ".join(frame.describe(now, ident, thread_name) for frame in chain)
 
 
-def context(chain: list[TracedStep], now: float) -> list[str]:
+def context(chain: "list[TracedStep]", now: float) -> list[str]:
     """What the phases and steps in flight add to a report: overrun timeouts, their environment.
 
     A step's context function may probe the network, but only with short timeouts and
@@ -198,11 +198,11 @@ def context(chain: list[TracedStep], now: float) -> list[str]:
 
 
 def detail(
-    sink: Sink,
+    sink: "Sink",
     others: list[str],
     context_lines: list[str],
-    busy_share: float | None,
-    stacks_now: dict[int, list[Frame]],
+    busy_share: "float | None",
+    stacks_now: "dict[int, list[Frame]]",
     order: list[int],
     ours: set[int],
 ) -> None:

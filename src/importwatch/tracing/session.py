@@ -62,10 +62,11 @@ class Session:
         self.tracer = Tracer(self.sink)
         # What our start-up imported that the program had not: out of sys.modules until it imports each.
         self.held = Held(self.tracer)
-        # Our modules read at start-up and run at their first use (the stall report's: see standby.py).
+        # Our modules read at start-up and run at their first use (the stall report's: see standby.py),
+        # outside the lending: they run in the heartbeat while the program imports in its own threads.
         self.standby = Standby()
-        import_own = self.standby.serving(self.tracer.import_own)
-        self.tracer.import_own = self.held.lending(import_own)  # type: ignore[method-assign]
+        lending = self.held.lending(self.tracer.import_own)
+        self.tracer.import_own = self.standby.serving(lending)  # type: ignore[method-assign]
         self.native = NativeLoads(self.tracer)
         self.blocking: BlockingSteps | None = None  # see BLOCKING_TARGETS
         self._blocking_lock = _thread.allocate_lock()  # two threads may bring targets in at once

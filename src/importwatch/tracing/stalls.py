@@ -5,8 +5,8 @@ tracer's chains, importlib's records of module locks and each thread's innermost
 frame; imports nothing while it runs.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: run from memory at a stall (tracing/standby.py), this module
+# may import nothing that start-up holds back from the program, __future__ included.
 import _thread
 import os
 import sys
@@ -31,7 +31,7 @@ _JOINS = ("join", "_wait_for_tstate_lock")
 _THREADING_WAITS = ("wait", "acquire", "get", "put", "wait_for")
 
 
-def waits(chains: dict[int, list[TracedStep]]) -> dict[int, tuple[int, str]]:
+def waits(chains: "dict[int, list[TracedStep]]") -> dict[int, tuple[int, str]]:
     """Per thread waiting for a module lock held by another thread: (the holder's ident, the module).
 
     A holder of 0 means importlib did not say who holds it.
@@ -50,7 +50,7 @@ def waits(chains: dict[int, list[TracedStep]]) -> dict[int, tuple[int, str]]:
     return found
 
 
-def deadlocks(found: dict[int, tuple[int, str]], thread_name: Callable[[int], str]) -> list[str]:
+def deadlocks(found: dict[int, tuple[int, str]], thread_name: "Callable[[int], str]") -> list[str]:
     """One line per wait for a module lock that can never end: a holder lost in a fork, or a cycle of
     threads each waiting for the next (for its module lock, or in Thread.join for it), named once from
     the thread that holds a lock of the cycle (MainThread where it can); a likely one where the holder
@@ -90,7 +90,7 @@ def deadlocks(found: dict[int, tuple[int, str]], thread_name: Callable[[int], st
     return lines
 
 
-def _cycle(start: int, found: dict[int, tuple[int, str]], joined: dict[int, int]) -> list[int] | None:
+def _cycle(start: int, found: dict[int, tuple[int, str]], joined: dict[int, int]) -> "list[int] | None":
     """The threads from START round a cycle of waits back to it (each waits for the next's module lock or
     in Thread.join for it), or None when START's waits lead elsewhere."""
     path = [start]
@@ -107,7 +107,7 @@ def _cycle(start: int, found: dict[int, tuple[int, str]], joined: dict[int, int]
 
 
 def _cycle_line(
-    cycle: list[int], found: dict[int, tuple[int, str]], thread_name: Callable[[int], str]
+    cycle: list[int], found: dict[int, tuple[int, str]], thread_name: "Callable[[int], str]"
 ) -> str:
     """`deadlock: A holds the module lock of X and waits ... for B, which waits ... for A's X: ...`, from
     the main thread where it is in the cycle and holds a lock of it, else from the first that holds one."""
@@ -131,7 +131,7 @@ def _cycle_line(
     return f"deadlock: {thread_name(cycle[0])} holds the module lock of {held} and {', which '.join(texts)}: {ending}"
 
 
-def _others_frames() -> dict[int, FrameType]:
+def _others_frames() -> "dict[int, FrameType]":
     """Each thread's innermost frame, but this one's.
 
     This thread's is the frame of the function that asked: kept in one of its locals, the dict
@@ -143,7 +143,7 @@ def _others_frames() -> dict[int, FrameType]:
     return frames
 
 
-def _threading_wait(frame: object) -> tuple[int | None, str | None]:
+def _threading_wait(frame: object) -> "tuple[int | None, str | None]":
     """Where FRAME's thread waits in threading: the ident of the thread it joins, when it joins one;
     else the threading function it waits in; (None, None) when it is not waiting in threading."""
     threading = sys.modules.get("threading")
@@ -163,7 +163,7 @@ def _threading_wait(frame: object) -> tuple[int | None, str | None]:
     return None, name
 
 
-def at_exit(chains: dict[int, list[TracedStep]], thread_name: Callable[[int], str]) -> dict[int, str]:
+def at_exit(chains: "dict[int, list[TracedStep]]", thread_name: "Callable[[int], str]") -> dict[int, str]:
     """A line per thread in flight that the main thread, its code ended, waits for in threading's
     shutdown (a non-daemon thread): what it imports and where it waits."""
     threading = sys.modules.get("threading")
@@ -210,7 +210,9 @@ def _where(frame: object) -> str:
     return f"in {call}" if call else "in the interpreter's own code"
 
 
-def lookups(chains: dict[int, list[TracedStep]], now: float, thread_name: Callable[[int], str]) -> list[str]:
+def lookups(
+    chains: "dict[int, list[TracedStep]]", now: float, thread_name: "Callable[[int], str]"
+) -> list[str]:
     """One line per thread in flight whose innermost Python frame is socket.getaddrinfo: the host it
     resolves, the nameserver asked (facts/resolver.py) and for how long."""
     socket = sys.modules.get("socket")
@@ -238,7 +240,7 @@ def lookups(chains: dict[int, list[TracedStep]], now: float, thread_name: Callab
 
 
 def lone_wait(
-    tracer: Tracer, culprit: int, thread_name: Callable[[int], str], parent: int | None
+    tracer: "Tracer", culprit: int, thread_name: "Callable[[int], str]", parent: "int | None"
 ) -> list[str]:
     """One line when the stalled thread is the program's only one and waits on a futex in an OpenMP
     runtime's code: the pool it waits for has no threads in this process (facts/pools.py)."""
@@ -263,7 +265,7 @@ class Retries:
         # ident: (the args of the refusal last seen, how many were seen, the address tried)
         self.seen: dict[int, tuple[tuple, int, tuple[str, int] | None]] = {}
 
-    def look(self, chains: dict[int, list[TracedStep]], since: float) -> dict[int, list[TracedStep]]:
+    def look(self, chains: "dict[int, list[TracedStep]]", since: float) -> "dict[int, list[TracedStep]]":
         """One look at the threads of CHAINS (those in flight) without progress SINCE then, before any
         other use of the look (what is kept for another thread, or with nothing in flight, is let go);
         returns CHAINS."""
@@ -292,7 +294,7 @@ class Retries:
         self.seen = kept
         return chains
 
-    def lines(self, thread_name: Callable[[int], str]) -> list[str]:
+    def lines(self, thread_name: "Callable[[int], str]") -> list[str]:
         """One line per thread seen refused at two looks or more: where it connects and how often."""
         lines = []
         for ident, (_, count, address) in self.seen.items():

@@ -9,6 +9,11 @@ file system that blocks later cannot stop them), and no finder runs and no impor
 finder hung on such a file system holds importlib's global lock for ever, and the report is for
 exactly that hang). A module whose compiled file is missing, stale or hash-based is imported the
 usual way at once, as before. Nothing of this writes a line: these imports are ours.
+
+Nor do they touch sys.modules beyond their own names: they run in the heartbeat while the program
+imports in its own threads, so what start-up holds back from the program (tracing/handback.py) is
+not lent to them, and they import none of it (no `from __future__ import annotations`;
+tests/test_standby.py holds it).
 """
 
 from __future__ import annotations

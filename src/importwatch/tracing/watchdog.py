@@ -40,16 +40,16 @@ _GRACE = 0.3
 _REPEAT_GRACE = 3.0
 # A stalled thread running, or ready to run, at least this share of the time is busy, not stuck.
 _BUSY = 0.5
-# The stall report's modules, in the order they are run, at the first look that needs them (see standby.py).
-_KIT = (
-    "tracing.cpushare",
-    "facts.retry",
-    "facts.pools",
-    "facts.resolver",
-    "tracing.stalls",
-    "tracing.report",
+# The stall report's modules, run at the first look that needs them (see standby.py), in this order:
+# each after what it imports.
+KIT = (
+    "importwatch.tracing.cpushare",
+    "importwatch.facts.retry",
+    "importwatch.facts.pools",
+    "importwatch.facts.resolver",
+    "importwatch.tracing.stalls",
+    "importwatch.tracing.report",
 )
-KIT = tuple(f"importwatch.{name}" for name in _KIT)
 # How long stop() waits for the heartbeat to end (it is woken first, so this is only a bound).
 _STOP_WAIT = 1.0
 # In a process whose interpreter main thread is gone (a fork child of another thread), how often the
@@ -64,7 +64,7 @@ class _Kit:
     """The stall report's modules (KIT), run, and what the looks keep: the refusals seen."""
 
     def __init__(self, import_own: Callable) -> None:
-        self.cpushare, *_, self.stalls, self.report = (import_own(name) for name in KIT)
+        self.cpushare, _, _, _, self.stalls, self.report = (import_own(name) for name in KIT)
         self.retries = self.stalls.Retries()
 
 
