@@ -44,13 +44,28 @@ def copy(tmp_path: Path) -> Path:
     return folder
 
 
-def _run(how: str, copy: Path, cwd: Path, *options: str) -> subprocess.CompletedProcess:
+def _run(
+    how: str, copy: Path, cwd: Path, timeout: str = "30", ends: bool = False
+) -> subprocess.CompletedProcess:
+    """run.py traced by HOW with the stall threshold TIMEOUT (and --exit-on-stall when ENDS)."""
     env = clean_env(PYTHONPATH=str(copy))
     if how == "runner":
-        command = [sys.executable, "-m", "importwatch", "--no-watcher", *options, "run.py"]
+        ending = ["--exit-on-stall"] if ends else []
+        command = [
+            sys.executable,
+            "-m",
+            "importwatch",
+            "--no-watcher",
+            "--timeout",
+            timeout,
+            *ending,
+            "run.py",
+        ]
     else:
         command = [sys.executable, "run.py"]
-        env.update(IMPORTWATCH="1", IMPORTWATCH_TIMEOUT="1", IMPORTWATCH_EXIT_ON_STALL="1")
+        env.update(
+            IMPORTWATCH="1", IMPORTWATCH_TIMEOUT=timeout, IMPORTWATCH_EXIT_ON_STALL="1" if ends else "0"
+        )
     return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=90)
 
 
@@ -59,7 +74,7 @@ def test_the_stall_report_comes_from_memory_once_our_files_are_gone(
     tmp_path: Path, copy: Path, how: str
 ) -> None:
     (tmp_path / "run.py").write_text(GONE_THEN_HUNG.format(copy=str(copy)))
-    done = _run(how, copy, tmp_path, "--timeout", "1", "--exit-on-stall")
+    done = _run(how, copy, tmp_path, timeout="1", ends=True)
     assert done.stdout == "kit at start: False\n", done.stderr
     assert not copy.exists()
     assert done.returncode == 1, done.stderr
@@ -125,7 +140,7 @@ def test_the_report_s_modules_run_from_their_bytes_take_nothing_held_back(tmp_pa
     )
     assert plain.stdout == "kit ran: False\nseen: [] False\n", plain.stderr
     for how in ("runner", "IMPORTWATCH=1"):
-        done = _run(how, copy, tmp_path, "--timeout", "30")
+        done = _run(how, copy, tmp_path)
         assert done.stdout == "kit ran: True\nseen: [] False\n", (how, done.stderr)
         ours = [line for line in done.stderr.splitlines() if " importwatch-heartbeat] " in line]
         assert not [line for line in ours if "> " in line], (how, ours)

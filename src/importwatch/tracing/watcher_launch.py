@@ -85,7 +85,7 @@ def launch(sink: Sink, settings: Settings, import_own: Callable[[str], Any] = __
     except (AttributeError, OSError) as error:  # no memfd_create (Linux < 3.17), or no memory
         return f"no shared memory for its feed ({getattr(error, 'strerror', None) or error})"
     try:
-        read_fd, write_fd = _pipe(spawn)
+        read_fd, write_fd = _pipe(spawn, import_own)
         ring_fd = _above_stdio(ring_fd)
     except OSError:
         os.close(ring_fd)
@@ -305,17 +305,18 @@ def hush(sink: Sink) -> None:
     # A watcher stopped or stuck while holding it: the exit does not wait longer.
 
 
-def _pipe(accelerator: Any) -> tuple[int, int]:
+def _pipe(accelerator: Any, import_own: Callable[[str], Any]) -> tuple[int, int]:
     """A pipe whose ends are above 2 (stdin may be closed): the watcher's sign of the end, and the lock of hush.
 
-    Also chooses how hush will take that lock: with the C ACCELERATOR, no fcntl at start-up.
+    Also chooses how hush will take that lock: with the C ACCELERATOR, no fcntl at start-up; else
+    fcntl through IMPORT_OWN (held at exit, tracing/handback.py, or the program's; never imported then).
     """
     global _lock_now
     if _lock_now is None:
         if accelerator is not None:
             _lock_now = accelerator.lock_now
         else:
-            import fcntl  # held at exit (tracing/handback.py) or the program's; never imported then
+            fcntl = import_own("fcntl")
 
             def flock_now(fd: int, fcntl: Any = fcntl) -> bool:
                 try:
