@@ -1,4 +1,4 @@
-"""The stall report's modules: read at start-up, run only at the first look that needs them, without the import system.
+"""Our modules run from their compiled files without the import system: start-up's at once, the stall report's at the first look that needs them.
 
 A copy of importwatch's source runs from PYTHONPATH, so that a test can take its files away
 while the program runs (as a file system that blocks would hold them) or leave one stale.
@@ -17,9 +17,22 @@ from pathlib import Path
 import pytest
 
 from helpers import HUNG_FINDER, clean_env
+from importwatch.tracing import standby
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
+# Start-up's modules of ours (tracing/standby.py's START_UP), and those imported the usual way before it
+# can run them: the packages, what the packages import, standby.py itself, and the C accelerator.
+START_UP = standby.START_UP
+USUAL_WAY = {
+    "_importwatch_boot",
+    "importwatch",
+    "importwatch.tracing",
+    "importwatch.tracing.handback",
+    "importwatch.tracing.phases",
+    "importwatch.tracing.standby",
+    "importwatch.tracing._speedups",
+}
 # Three of the stall report's modules (tracing/watchdog.py's KIT).
 KIT = ("importwatch.tracing.cpushare", "importwatch.tracing.stalls", "importwatch.tracing.report")
 FIRST_LINE = f"import sys\nprint('kit at start:', any(name in sys.modules for name in {KIT!r}), flush=True)\n"
@@ -157,3 +170,84 @@ def test_the_report_s_modules_run_from_their_bytes_take_nothing_held_back(tmp_pa
         assert done.stdout == "kit ran: True\nseen: [] False\n", (how, done.stderr)
         ours = [line for line in done.stderr.splitlines() if " importwatch-heartbeat] " in line]
         assert not [line for line in ours if "> " in line], (how, ours)
+
+
+def _imported_the_usual_way(copy: Path, cwd: Path, writes_bytecode: bool = True) -> set[str]:
+    """Our modules that IMPORTWATCH=1 python -X importtime imports through the import system (importtime
+    sees no others) before run.py's first line."""
+    env = clean_env(PYTHONPATH=str(copy), IMPORTWATCH="1")
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    if not writes_bytecode:
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "run.py"],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0 and "internal error" not in done.stderr, done.stderr
+    assert set(START_UP) <= set(done.stdout.split()), done.stdout  # each one loaded all the same
+    names = {
+        line.rsplit("|", 1)[1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")
+    }
+    return {name for name in names if name.startswith(("importwatch", "_importwatch"))}
+
+
+RECORD_OURS = "import sys\nprint(*sorted(name for name in sys.modules if name.startswith('importwatch')))\n"
+
+
+def test_start_up_s_modules_run_without_the_import_system(tmp_path: Path, copy: Path) -> None:
+    """Every one of start-up's modules is listed, each after the modules of ours it imports: else it,
+    or what it imports, would go through the import system."""
+    (tmp_path / "run.py").write_text(RECORD_OURS)
+    assert _imported_the_usual_way(copy, tmp_path) == USUAL_WAY
+
+
+@pytest.mark.parametrize("writes_bytecode", [True, False], ids=["writes", "PYTHONDONTWRITEBYTECODE"])
+def test_a_stale_start_up_module_is_imported_the_usual_way(
+    tmp_path: Path, copy: Path, writes_bytecode: bool
+) -> None:
+    """Its source newer than its compiled file: imported the usual way, which writes that afresh (where
+    python may), and the next start runs it from there; the others run from theirs all the while."""
+    source = copy / "importwatch" / "tracing" / "sink.py"
+    stat = source.stat()
+    os.utime(source, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**10))
+    (tmp_path / "run.py").write_text(RECORD_OURS)
+    first, second = (_imported_the_usual_way(copy, tmp_path, writes_bytecode) for _ in range(2))
+    assert first == USUAL_WAY | {"importwatch.tracing.sink"}
+    assert second == (USUAL_WAY if writes_bytecode else first)
+
+
+# What a module's import makes of it, beside its code: what a program or a tool may read.
+ATTRIBUTES = """
+import sys
+def describe(module):
+    spec = module.__spec__
+    return (module.__name__, module.__file__, module.__cached__, module.__package__,
+            getattr(module, "__path__", None), type(module.__loader__).__name__, module.__loader__.name,
+            module.__loader__.path, spec.name, spec.origin, spec.cached, spec.parent, spec.has_location,
+            spec.submodule_search_locations, spec.loader is module.__loader__,
+            sys.modules[spec.parent].__dict__.get(spec.name.rpartition(".")[2]) is module)
+for name in {names!r}:
+    __import__(name)
+    print(describe(sys.modules[name]))
+"""
+
+
+def test_start_up_s_modules_are_made_as_an_import_makes_them(tmp_path: Path, copy: Path) -> None:
+    (tmp_path / "run.py").write_text(ATTRIBUTES.format(names=START_UP))
+    plain = subprocess.run(
+        [sys.executable, "run.py"],
+        cwd=tmp_path,
+        env=clean_env(PYTHONPATH=str(copy)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert plain.returncode == 0, plain.stderr
+    traced = _run("IMPORTWATCH=1", copy, tmp_path)
+    assert traced.returncode == 0, traced.stderr
+    assert traced.stdout == plain.stdout
+    assert len(plain.stdout.splitlines()) == len(START_UP)

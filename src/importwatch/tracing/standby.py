@@ -1,4 +1,11 @@
-"""Our modules that start-up reads but does not run: each runs at its first use, without the import system.
+"""Our modules run from their compiled files without the import system: start-up's at once, the stall report's at their first use.
+
+Start-up's modules (START_UP, about 300 KB of code) are loaded the way an import loads them, less the
+import system's own work: no finder searches sys.path, no lock is taken, nothing is cached in
+sys.path_importer_cache, and the collector does not run meanwhile (these are thousands of objects
+that live as long as the process). That is a tenth of their import (0.4-0.6 ms), measured in
+docs/performance.md. Each module comes as an import would make it: spec, file, cached, loader, its
+place in its package; what it imports of the standard library it imports the usual way.
 
 The stall report's modules (stalls.py, report.py, cpushare.py and the facts they read: about 65 KB
 of code, 0.6 ms to import) are needed once a step has gone a look without progress, and most
@@ -21,6 +28,7 @@ from __future__ import annotations
 import _frozen_importlib as _bootstrap
 import _frozen_importlib_external as _external
 import _thread
+import gc
 import marshal
 import os
 import sys
@@ -29,6 +37,31 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable
 
+# start-up's modules of ours (tracing/session.py's and the .pth lines' hook), each after what it
+# imports of ours: each finds those in sys.modules, run already. The package and the few modules
+# that import this one are imported the usual way before it. One left off this list, or listed too
+# early, is imported the usual way: slower, never wrong (tests/test_standby.py holds the list).
+START_UP = (
+    "importwatch.config",
+    "importwatch.events",
+    "importwatch.facts",
+    "importwatch.facts.procstat",
+    "importwatch.masking",
+    "importwatch.tracing.banner",
+    "importwatch.tracing.forklocks",
+    "importwatch.tracing.accelerator",
+    "importwatch.safefile",
+    "importwatch.tracing.descriptors",
+    "importwatch.tracing.sink",
+    "importwatch.tracing.hook",
+    "importwatch.tracing.doors",
+    "importwatch.tracing.threads",
+    "importwatch.tracing.faults",
+    "importwatch.tracing.native",
+    "importwatch.tracing.watchdog",
+    "importwatch.tracing.session",
+    "importwatch.tracing.pthlines",
+)
 # A compiled file's header: magic number, flags (0: checked by the source's time and size), the
 # source's modification time and size, each 4 bytes, little-endian (PEP 552).
 _HEADER = 16
@@ -75,13 +108,40 @@ class Standby:
         return import_own_standing_by
 
 
-def _source_of(name: str) -> str | None:
-    """The source file of our module NAME, a submodule of a package loaded from files."""
+def load(names: tuple[str, ...]) -> None:
+    """Run each of our modules NAMES not loaded yet, in that order, from its compiled file; one whose
+    compiled file is missing, stale or checked by hash is imported the usual way (which writes it
+    afresh where python may)."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        for name in names:
+            if name in sys.modules:
+                continue
+            source = _source_of(name)
+            data = None if source is None else _compiled(source)
+            if data is None:
+                source = _source_of(name, package=True)
+                data = None if source is None else _compiled(source)
+            if data is None:
+                __import__(name)
+            else:
+                _run(name, source, data)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _source_of(name: str, package: bool = False) -> str | None:
+    """The source file of our module NAME (of its __init__.py when PACKAGE), a submodule of a package
+    loaded from files."""
     parent, _, child = name.rpartition(".")
-    package = sys.modules.get(parent)
-    folders = getattr(package, "__path__", None)
+    package_module = sys.modules.get(parent)
+    folders = getattr(package_module, "__path__", None)
     if not folders or not isinstance(folders[0], str):
         return None
+    if package:
+        return os.path.join(folders[0], child, "__init__.py")
     return os.path.join(folders[0], child + ".py")
 
 
@@ -116,6 +176,7 @@ def _run(name: str, source: str, data: bytes) -> Any:
     """Module NAME made from its compiled code, as an import would make it (spec, file, loader, its
     place in its package), with no finder, no lock and no line."""
     code = marshal.loads(memoryview(data)[_HEADER:])
+    # (From an __init__.py the spec is a package's, its folder where its submodules are found.)
     module = _bootstrap.module_from_spec(_external.spec_from_file_location(name, source))
     sys.modules[name] = module
     try:
