@@ -17,12 +17,13 @@ from pathlib import Path
 import pytest
 
 from helpers import HUNG_FINDER, clean_env
-from importwatch.tracing import standby
+from importwatch.tracing import accelerator, standby
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
-# Start-up's modules of ours (tracing/standby.py's START_UP), and those imported the usual way before it
-# can run them: the packages, what the packages import, standby.py itself, and the C accelerator.
+# Start-up's modules of ours (tracing/standby.py's START_UP), and those imported the usual way: before
+# it can run them (the packages, what the packages import, standby.py itself) and the C accelerator,
+# an extension module, where it is used (the traced processes get this one's IMPORTWATCH_PURE).
 START_UP = standby.START_UP
 USUAL_WAY = {
     "_importwatch_boot",
@@ -31,8 +32,7 @@ USUAL_WAY = {
     "importwatch.tracing.handback",
     "importwatch.tracing.phases",
     "importwatch.tracing.standby",
-    "importwatch.tracing._speedups",
-}
+} | ({"importwatch.tracing._speedups"} if accelerator.ACCELERATOR is not None else set())
 # Three of the stall report's modules (tracing/watchdog.py's KIT).
 KIT = ("importwatch.tracing.cpushare", "importwatch.tracing.stalls", "importwatch.tracing.report")
 FIRST_LINE = f"import sys\nprint('kit at start:', any(name in sys.modules for name in {KIT!r}), flush=True)\n"
@@ -57,18 +57,21 @@ def copy(tmp_path: Path) -> Path:
     return folder
 
 
-def _run(
-    how: str, copy: Path, cwd: Path, timeout: str = "30", ends: bool = False, writes_bytecode: bool = True
-) -> subprocess.CompletedProcess:
-    """run.py traced by HOW with the stall threshold TIMEOUT (and --exit-on-stall when ENDS).
-
-    WRITES_BYTECODE: whether importlib may write compiled files (PYTHONDONTWRITEBYTECODE unset),
-    whatever the developer's or CI's environment says.
-    """
-    env = clean_env(PYTHONPATH=str(copy))
+def _env(copy: Path, writes_bytecode: bool, **extra: str) -> dict[str, str]:
+    """The environment for importwatch's COPY, plus EXTRA. WRITES_BYTECODE: whether importlib may write
+    compiled files (PYTHONDONTWRITEBYTECODE unset), whatever the developer's or CI's environment says."""
+    env = clean_env(PYTHONPATH=str(copy), **extra)
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     if not writes_bytecode:
         env["PYTHONDONTWRITEBYTECODE"] = "1"
+    return env
+
+
+def _run(
+    how: str, copy: Path, cwd: Path, timeout: str = "30", ends: bool = False, writes_bytecode: bool = True
+) -> subprocess.CompletedProcess:
+    """run.py traced by HOW with the stall threshold TIMEOUT (and --exit-on-stall when ENDS)."""
+    env = _env(copy, writes_bytecode)
     if how == "runner":
         ending = ["--exit-on-stall"] if ends else []
         command = [
@@ -175,10 +178,7 @@ def test_the_report_s_modules_run_from_their_bytes_take_nothing_held_back(tmp_pa
 def _imported_the_usual_way(copy: Path, cwd: Path, writes_bytecode: bool = True) -> set[str]:
     """Our modules that IMPORTWATCH=1 python -X importtime imports through the import system (importtime
     sees no others) before run.py's first line."""
-    env = clean_env(PYTHONPATH=str(copy), IMPORTWATCH="1")
-    env.pop("PYTHONDONTWRITEBYTECODE", None)
-    if not writes_bytecode:
-        env["PYTHONDONTWRITEBYTECODE"] = "1"
+    env = _env(copy, writes_bytecode, IMPORTWATCH="1")
     done = subprocess.run(
         [sys.executable, "-X", "importtime", "run.py"],
         cwd=cwd,
