@@ -3,7 +3,7 @@
 Start-up's modules (START_UP, 290 KB of compiled code) are loaded the way an import loads them, less the
 import system's own work: no finder searches sys.path, no lock is taken, nothing is cached in
 sys.path_importer_cache, and the collector does not run meanwhile (these are thousands of objects
-that live as long as the process). That is a tenth of their import (0.4-0.6 ms), measured in
+that live as long as the process). That is a tenth of their import (0.45-0.7 ms), measured in
 docs/performance.md. Each module comes as an import would make it: spec, file, cached, loader, its
 place in its package; what it imports of the standard library it imports the usual way.
 
