@@ -251,3 +251,43 @@ def test_start_up_s_modules_are_made_as_an_import_makes_them(tmp_path: Path, cop
     assert traced.returncode == 0, traced.stderr
     assert traced.stdout == plain.stdout
     assert len(plain.stdout.splitlines()) == len(START_UP)
+
+
+# What a program sees of the collector at its first line (start-up turns it off while its modules run).
+COLLECTOR = (
+    "import sys\nloaded = 'gc' in sys.modules\nimport gc\n"
+    "print(loaded, gc.isenabled(), gc.get_threshold(), gc.get_freeze_count())\n"
+)
+
+
+def test_the_program_finds_the_collector_as_under_plain_python(tmp_path: Path, copy: Path) -> None:
+    (tmp_path / "run.py").write_text(COLLECTOR)
+    plain = subprocess.run(
+        [sys.executable, "run.py"],
+        cwd=tmp_path,
+        env=_env(copy, True),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert plain.stdout == "False True (700, 10, 10) 0\n", plain.stderr
+    for how in ("runner", "IMPORTWATCH=1"):
+        done = _run(how, copy, tmp_path)
+        assert (done.returncode, done.stdout) == (0, plain.stdout), (how, done.stderr)
+
+
+def test_a_collector_turned_off_before_start_up_stays_off(tmp_path: Path, copy: Path) -> None:
+    """As where a .pth before importwatch's (an editable install's wait) turned it off."""
+    program = (
+        "import gc, sys\ngc.disable()\nfrom importwatch.tracing import standby\n"
+        "standby.load(standby.START_UP)\nprint(gc.isenabled(), 'importwatch.tracing.session' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program],
+        cwd=tmp_path,
+        env=_env(copy, True),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (done.returncode, done.stdout) == (0, "False True\n"), done.stderr

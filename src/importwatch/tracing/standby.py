@@ -85,11 +85,10 @@ class Standby:
         fresh: then the caller imports them now."""
         found = {}
         for name in names:
-            source = _source_of(name)
-            data = None if source is None else _compiled(source)
-            if data is None:
+            entry = _fresh(name)
+            if entry is None:
                 return False
-            found[name] = (source, data)
+            found[name] = entry
         self._code.update(found)
         return True
 
@@ -118,18 +117,25 @@ def load(names: tuple[str, ...]) -> None:
         for name in names:
             if name in sys.modules:
                 continue
-            source = _source_of(name)
-            data = None if source is None else _compiled(source)
-            if data is None:
-                source = _source_of(name, package=True)
-                data = None if source is None else _compiled(source)
-            if data is None:
+            entry = _fresh(name)
+            if entry is None:
                 __import__(name)
             else:
-                _run(name, source, data)
+                _run(name, *entry)
     finally:
         if collecting:
             gc.enable()
+
+
+def _fresh(name: str) -> tuple[str, bytes] | None:
+    """Our module NAME's source file (a module's, else a package's __init__.py) and its compiled file's
+    bytes; None when there is no fresh compiled file (see _compiled)."""
+    for package in (False, True):
+        source = _source_of(name, package)
+        data = None if source is None else _compiled(source)
+        if data is not None:
+            return source, data
+    return None
 
 
 def _source_of(name: str, package: bool = False) -> str | None:
