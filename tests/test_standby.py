@@ -270,7 +270,7 @@ def test_the_program_finds_the_collector_as_under_plain_python(tmp_path: Path, c
         text=True,
         timeout=60,
     )
-    assert plain.stdout == "False True (700, 10, 10) 0\n", plain.stderr
+    assert plain.stdout.startswith("False True ("), plain.stderr  # the thresholds are this Python's
     for how in ("runner", "IMPORTWATCH=1"):
         done = _run(how, copy, tmp_path)
         assert (done.returncode, done.stdout) == (0, plain.stdout), (how, done.stderr)
