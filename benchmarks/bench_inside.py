@@ -9,7 +9,10 @@ statement, and prints both. The modes run in alternating order, round after roun
     plain     python -c CODE
     loaded    the same, after importing importwatch's start-up modules: nothing traced
     stalls    IMPORTWATCH=1 IMPORTWATCH_STDERR=stalls python -c CODE   (no log, no watcher)
-    log       IMPORTWATCH=1 IMPORTWATCH_LOG=FILE (with --log; stderr to a pipe we read)
+    log       IMPORTWATCH=1 IMPORTWATCH_LOG=FILE (with --log): every line on stderr, a file, and in the log
+    log, stderr piped   the same with stderr a pipe we read as lines come (with --log): each line
+              wakes the reader, which the kernel makes the writer pay for (any program's flushed
+              line costs that: docs/performance.md)
     runner stalls, runner log (with --runner; the log too with --log)
               python -m importwatch --stderr stalls -c CODE (its watcher on, as by default),
               python -m importwatch --log FILE -c CODE: the runner's start-up, two interpreters,
@@ -48,8 +51,15 @@ def _start_up_modules(python: str) -> list[str]:
     return [name for name in found.split() if not name.endswith("._speedups")]
 
 
-def _run(python: str, args: list[str], env: dict[str, str]) -> tuple[float, float]:
-    done = subprocess.run([python, *args], env=env, capture_output=True, text=True, check=True)
+def _run(python: str, args: list[str], env: dict[str, str], stderr: Path | None) -> tuple[float, float]:
+    """The figures of one process, its stderr to the file STDERR (made afresh), or to a pipe read as it comes."""
+    if stderr is None:
+        done = subprocess.run([python, *args], env=env, capture_output=True, text=True, check=True)
+    else:
+        with open(stderr, "wb") as sink:
+            done = subprocess.run(
+                [python, *args], env=env, stdout=subprocess.PIPE, stderr=sink, text=True, check=True
+            )
     wall, cpu = done.stdout.split()[-2:]
     return float(wall), float(cpu)
 
@@ -73,24 +83,27 @@ def main() -> int:
         base["PYTHONPATH"] = str(folder)
         loaded = "".join(f"import {name}; " for name in _start_up_modules(python))
         log = str(folder / "trace.log")
+        stderr = folder / "stderr.txt"
         modes = {
-            "plain": (base, ["-c", _TIMED]),
-            "loaded": (base, ["-c", loaded + _TIMED]),
-            "stalls": (dict(base, IMPORTWATCH="1", IMPORTWATCH_STDERR="stalls"), ["-c", _TIMED]),
+            "plain": (base, ["-c", _TIMED], stderr),
+            "loaded": (base, ["-c", loaded + _TIMED], stderr),
+            "stalls": (dict(base, IMPORTWATCH="1", IMPORTWATCH_STDERR="stalls"), ["-c", _TIMED], stderr),
         }
         if options.log:
-            modes["log"] = (dict(base, IMPORTWATCH="1", IMPORTWATCH_LOG=log), ["-c", _TIMED])
+            logged = dict(base, IMPORTWATCH="1", IMPORTWATCH_LOG=log)
+            modes["log"] = (logged, ["-c", _TIMED], stderr)
+            modes["log, stderr piped"] = (logged, ["-c", _TIMED], None)
         if options.runner:
-            modes["runner stalls"] = (base, ["-m", "importwatch", "--stderr", "stalls", "-c", _TIMED])
+            modes["runner stalls"] = (base, ["-m", "importwatch", "--stderr", "stalls", "-c", _TIMED], stderr)
             if options.log:
-                modes["runner log"] = (base, ["-m", "importwatch", "--log", log, "-c", _TIMED])
-        _run(python, ["-c", _TIMED], base)  # bytecode caches written first: compiling is not tracing
+                modes["runner log"] = (base, ["-m", "importwatch", "--log", log, "-c", _TIMED], stderr)
+        _run(python, ["-c", _TIMED], base, stderr)  # bytecode caches written first: compiling is not tracing
         runs: dict[str, list[tuple[float, float]]] = {name: [] for name in modes}
         for index in range(options.rounds):
             order = list(modes) if index % 2 else list(reversed(modes))
             for name in order:
-                env, args = modes[name]
-                runs[name].append(_run(python, args, env))
+                env, args, stderr_to = modes[name]
+                runs[name].append(_run(python, args, env, stderr_to))
     print(
         f"python {sys.version.split()[0]}: {imports} imports, {options.rounds} rounds, timed inside each process"
     )
@@ -100,7 +113,7 @@ def main() -> int:
         per_wall = statistics.median(a for a, _ in added) / imports * 1e6
         per_cpu = statistics.median(b for _, b in added) / imports * 1e6
         print(
-            f"  {name:13s} {wall:7.1f} ms; over plain, per import: {per_wall:+6.2f} us wall, {per_cpu:+6.2f} us CPU"
+            f"  {name:17s} {wall:7.1f} ms; over plain, per import: {per_wall:+6.2f} us wall, {per_cpu:+6.2f} us CPU"
         )
     return 0
 
