@@ -411,3 +411,32 @@ def test_exit_on_stall_leaves_a_program_running_under_someones_debugger(tmp_path
     lines = outside_lines(proc.stderr)
     assert any("no native stacks: pid" in line and "is debugging it" in line for line in lines), lines
     assert not any("killing it" in line for line in lines)
+
+
+# A new heartbeat starts at the first step after the last one left (idle), and the kernel's list of
+# threads cannot say which new one is ours (here: none looks new, as when another one left meanwhile).
+# Then the GIL is held for good, before the heartbeat could run: the starter must learn its name.
+NAMED_UNDER_DOUBT = """\
+import ctypes, time
+import importwatch
+from importwatch.facts import procstat
+hold = ctypes.PyDLL(None).sleep  # libc's sleep, called with the GIL held
+time.sleep(0.8)  # the heartbeat of the start-up's steps has left: the next step starts a new one
+real, seen = procstat.tasks, []
+def tasks():
+    seen.append(seen[0] if seen else real())
+    return seen[-1]
+procstat.tasks = tasks
+with importwatch.phase("holding"):
+    hold(60)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_new_heartbeat_is_named_for_the_watcher_when_the_threads_cannot_tell(tmp_path, start):
+    proc = start(traced("--timeout", "1", "--stderr", "stalls", "-c", NAMED_UNDER_DOUBT), cwd=tmp_path)
+    proc.wait_for("outside: waiting: ", 30)
+    time.sleep(0.5)  # the listing of threads follows the headline
+    listing = [line for line in outside_lines(proc.stderr) if "(tid " in line]
+    assert any("importwatch-heartbeat (tid" in line and "(ours)" in line for line in listing), proc.stderr
+    assert not any("thread-" in line for line in listing), listing

@@ -52,6 +52,8 @@ KIT = (
 )
 # How long stop() waits for the heartbeat to end (it is woken first, so this is only a bound).
 _STOP_WAIT = 1.0
+# How long a heartbeat's starter waits for it to name itself where the kernel's threads cannot say which it is.
+_NAMED_WAIT = 0.1
 # In a process whose interpreter main thread is gone (a fork child of another thread), how often the
 # heartbeat looks whether it is the last thread left: then it leaves, so the process can end.
 _ALONE_LOOK = 0.05
@@ -134,13 +136,18 @@ class Watchdog:
         self._gone = _thread.allocate_lock()  # held by the heartbeat until it has ended
         self._gone.acquire()
         tasks = procstat.tasks() if self.sink.feed is not None else None
-        threads.start(self._heartbeat, (self._generation, self._gone))  # every signal blocked: the program's
+        named = _thread.allocate_lock()  # held until the heartbeat has named itself
+        named.acquire()
+        threads.start(self._heartbeat, (self._generation, self._gone, named))  # every signal blocked
         if tasks is not None:
-            # Told now, for the watcher: the heartbeat names itself only once it runs, and a program
-            # that holds the GIL from its first import on (a hung dlopen) never lets it.
+            # Told now, for the watcher: the heartbeat names itself only once it runs, and a program that
+            # holds the GIL from its first import on (a hung dlopen) never lets it. Where another thread
+            # came meanwhile (the program's, faulthandler's timer), the GIL is given up for it to do so.
             new = procstat.tasks() - tasks
             if len(new) == 1:
                 self.sink.feed_line(f"#thread importwatch-heartbeat {new.pop()}")
+            else:
+                named.acquire(timeout=_NAMED_WAIT)
 
     def wake_up(self) -> None:
         """The first step since a fork: start the heartbeat (and the child's own start, on_wake)."""
@@ -260,15 +267,16 @@ class Watchdog:
             self._tell_due()  # the next step's end wakes it, as does the next step's start
 
     # -- the heartbeat ----------------------------------------------------------------
-    def _heartbeat(self, generation: int, gone: _thread.LockType) -> None:
+    def _heartbeat(self, generation: int, gone: _thread.LockType, named: _thread.LockType) -> None:
         try:
             self._heartbeat_ident = _thread.get_ident()
-            self._beat(generation)
+            self._beat(generation, named)
         finally:
             gone.release()
 
-    def _beat(self, generation: int) -> None:
+    def _beat(self, generation: int, named: _thread.LockType) -> None:
         self.sink.name_thread("importwatch-heartbeat")  # so the watcher can tell it apart
+        named.release()
         wake = self._wake
         pause = self.interval
         while self._running and generation == self._generation:
@@ -392,18 +400,8 @@ class Watchdog:
         # debugger's stop spoils is taken again, longer, after the report, for --exit-on-stall's decision.
         share = self._cpu_share(culprit, kit.cpushare.FIRST_STEPS)
         busy = share is not None and share >= _BUSY
-        kit.report.write(
-            sink,
-            self.tracer,
-            chains,
-            culprit,
-            now,
-            (since, reports),
-            share,
-            busy,
-            kit.retries,
-            self.forked_from,
-        )
+        stall, forked = (since, reports), self.forked_from
+        kit.report.write(sink, self.tracer, chains, culprit, now, stall, share, busy, kit.retries, forked)
         if share is None and self.exit_on_stall:
             share = self._cpu_share(culprit)
             if share is not None and share >= _BUSY:
