@@ -275,8 +275,10 @@ class Watchdog:
             gone.release()
 
     def _beat(self, generation: int, named: _thread.LockType) -> None:
-        self.sink.name_thread("importwatch-heartbeat")  # so the watcher can tell it apart
-        named.release()
+        try:
+            self.sink.name_thread("importwatch-heartbeat")  # so the watcher can tell it apart
+        finally:
+            named.release()  # its starter may be waiting (see _start_heartbeat)
         wake = self._wake
         pause = self.interval
         while self._running and generation == self._generation:
