@@ -183,6 +183,28 @@ def test_the_first_import_after_a_quiet_spell_is_watched_even_if_it_holds_the_gi
     assert "gilhog.py" in proc.stderr.split("Timeout (", 1)[1]
 
 
+@pytest.mark.parametrize("path", ["0", "1"], ids=["c", "pure"])
+def test_a_first_import_while_a_longer_deadline_is_armed_is_watched_to_its_own(
+    tmp_path: Path, start, path: str
+) -> None:
+    """Another thread's phase with a threshold of a minute has armed faulthandler's timer for then; this
+    thread's first import, which holds the GIL at once, needs its own deadline, two seconds on. The C hook
+    leaves out that call only where it would do nothing (_speedups_cover.h): here it must not."""
+    # ctypes.pythonapi: no library loaded, so no step of the import's own arms the timer (native.py).
+    root = _package(tmp_path, {"gilhog.py": "import ctypes\nctypes.pythonapi.sleep(30)\n"})
+    code = (
+        "import ctypes, threading, time, importwatch\n"
+        "def long():\n    with importwatch.phase('long', timeout=60):\n        time.sleep(30)\n"
+        "threading.Thread(target=long, daemon=True).start()\ntime.sleep(0.6)\nimport gilhog\n"
+    )
+    proc = start(traced("--timeout", "2", "-c", code), PYTHONPATH=str(root), IMPORTWATCH_PURE=path)
+    proc.wait_for("> gilhog", timeout=15)
+    began = time.monotonic()
+    proc.wait_for("Timeout (", timeout=15)
+    assert time.monotonic() - began <= 2 + 1.0, proc.stderr
+    assert "gilhog.py" in proc.stderr.split("Timeout (", 1)[1]
+
+
 def test_exit_on_stall_ends_with_status_1(built: Path) -> None:
     result = importwatch(
         "--timeout", "1", "--exit-on-stall", "-c", "import hangext", env=clean_env(PYTHONPATH=str(built))

@@ -164,6 +164,9 @@ class Tracer:
         # watchdog may not be watching yet: the first on a thread with nothing in flight, or one with
         # a threshold of its own.
         self.on_deadline: Callable[[float | None], None] | None = None
+        # The watchdog (watchdog.py, which imports this module) whose step_begins on_deadline is: the
+        # C hook asks its state whether that call would do nothing, and leaves it out then (_speedups_cover.h).
+        self.watchdog: object | None = None
         self._errors_said: set[str] = set()
         self._saved: Callable | None = None  # the original _find_and_load while installed
 

@@ -214,7 +214,7 @@ class Session:
         tracer.on_progress = watchdog.step_ended
         tracer.on_gil_held = watchdog.gil_held
         tracer.on_gil_released = watchdog.gil_released
-        tracer.on_deadline = watchdog.step_begins
+        tracer.on_deadline, tracer.watchdog = watchdog.step_begins, watchdog
         watchdog.start()
 
     def _stop_watchdog(self, forget: bool = True) -> None:
@@ -227,6 +227,7 @@ class Session:
         if tracer.on_progress == watchdog.step_ended:
             tracer.progress_due = NEVER
             tracer.on_progress = tracer.on_gil_held = tracer.on_gil_released = tracer.on_deadline = None
+            tracer.watchdog = None
         if forget:
             self.watchdog = None
 

@@ -86,13 +86,14 @@ class Watchdog:
         self.sink = tracer.sink
         self.timeout = timeout
         self.exit_on_stall = exit_on_stall
-        # The finest look, and the longest sleep while something is in flight. A deadline armed is
-        # moved later at most every `longest` seconds: each arming starts a thread (see _cover),
-        # and a heartbeat that wakes wrests the GIL from the program. So a stall that holds the
-        # GIL may be dumped up to `longest` early (an eighth of the threshold); the heartbeat's
-        # own reports, for stalls that leave the GIL free, come when due.
+        # The finest look, and the longest sleep while something is in flight. A deadline armed is moved
+        # later at most every `longest` seconds: each arming starts a thread (see _cover), and a heartbeat
+        # that wakes wrests the GIL from the program. So a stall that holds the GIL may be dumped up to
+        # `longest` early (an eighth of the threshold); the heartbeat's own reports, for stalls that leave
+        # the GIL free, come when due. `grace`: the C hook reads it with these (see step_begins).
         self.interval = min(0.25, timeout / 4)
         self.longest = max(self.interval, timeout / 8)
+        self.grace = _GRACE
         self._running = False
         self._generation = 0
         self._lock = _thread.RLock()  # arming and stopping, from the heartbeat, the program and atexit
@@ -188,8 +189,8 @@ class Watchdog:
         """A step began (see Tracer.on_deadline) with its own threshold TIMEOUT, or the watchdog's.
 
         While nothing was in flight nothing may be armed, and a step that holds the GIL at once would
-        keep the heartbeat from arming it: cover it here. Wake the heartbeat only if its next look
-        would come too late for this step."""
+        keep the heartbeat from arming it: cover it here. Wake the heartbeat only if its next look comes
+        too late for this step. The C hook makes the same test first (_speedups_cover.h): keep them alike."""
         limit = self.timeout if timeout is None else timeout
         if limit <= 0:
             if self._dormant:
@@ -335,9 +336,8 @@ class Watchdog:
     def check(self, now: float) -> float:
         """One look at what is in flight: report stalls, keep faulthandler's deadline current.
 
-        Returns how long the heartbeat may sleep: until the next report is due, or
-        the armed deadline needs moving, and never longer than `longest`.
-        """
+        Returns how long the heartbeat may sleep: until the next report is due, or the armed deadline
+        needs moving, and never longer than `longest`."""
         if self._armed_for is not None and now >= self._armed_for:
             with self._reporting:  # faulthandler dumped while the GIL was held; Python runs again
                 fired = self._fired(now)
