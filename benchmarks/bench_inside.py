@@ -1,6 +1,6 @@
 """Per-import cost timed inside each process: the imports alone, without start-up and exit.
 
-    python benchmarks/bench_inside.py [--rounds 51] [--modules 4000] [--log] [--runner]
+    python benchmarks/bench_inside.py [--rounds 51] [--modules 4000] [--log] [--runner] [--top-level]
 
 Each process times `import bench_all` (a generated tree of small modules, as
 bench_kernel.py makes it) with time.perf_counter and time.process_time around that one
@@ -17,6 +17,11 @@ statement, and prints both. The modes run in alternating order, round after roun
               python -m importwatch --stderr stalls -c CODE (its watcher on, as by default),
               python -m importwatch --log FILE -c CODE: the runner's start-up, two interpreters,
               stays out of the figure as the others' does
+
+With --top-level the same imports are made at the program's top level (bench_all.py's lines run
+by exec in __main__, compiled before the clock starts), as a script's own imports are: each is
+then a thread's first step, which also looks at our descriptors (one fstat each) and asks
+whether the watchdog must cover it (docs/performance.md). Nested imports never pay that.
 
 Each figure is the median over rounds of (mode - plain) within a round, per import. A
 process's start-up and exit, and their noise, stay out of it; "loaded" shows what merely
@@ -41,6 +46,15 @@ _TIMED = (
     "import time; t = time.perf_counter(); c = time.process_time(); import bench_all; "
     "print(time.perf_counter() - t, time.process_time() - c)"
 )
+
+
+def _timed_at_top_level(tree: Path) -> str:
+    """_TIMED with bench_all.py's imports run in __main__ itself, each with nothing in flight."""
+    return (
+        f"import time; code = compile(open({str(tree / 'bench_all.py')!r}).read(), 'bench_all', 'exec'); "
+        "t = time.perf_counter(); c = time.process_time(); exec(code); "
+        "print(time.perf_counter() - t, time.process_time() - c)"
+    )
 
 
 def _start_up_modules(python: str) -> list[str]:
@@ -72,6 +86,9 @@ def main() -> int:
     parser.add_argument(
         "--runner", action="store_true", help="also time the same under python -m importwatch"
     )
+    parser.add_argument(
+        "--top-level", action="store_true", help="make the imports at the program's top level, not nested"
+    )
     options = parser.parse_args()
     python = sys.executable
     base = {k: v for k, v in os.environ.items() if not k.startswith("IMPORTWATCH")}
@@ -79,25 +96,27 @@ def main() -> int:
         folder = Path(scratch)
         make_tree(folder, options.modules)
         packages = list(folder.glob("bench_pkg*"))  # each imported too, as is bench_all
-        imports = sum(len(list(package.glob("mod*.py"))) for package in packages) + len(packages) + 1
+        imports = sum(len(list(package.glob("mod*.py"))) for package in packages) + len(packages)
+        timed = _timed_at_top_level(folder) if options.top_level else _TIMED
+        imports += 0 if options.top_level else 1  # bench_all itself
         base["PYTHONPATH"] = str(folder)
         loaded = "".join(f"import {name}; " for name in _start_up_modules(python))
         log = str(folder / "trace.log")
         stderr = folder / "stderr.txt"
         modes = {
-            "plain": (base, ["-c", _TIMED], stderr),
-            "loaded": (base, ["-c", loaded + _TIMED], stderr),
-            "stalls": (dict(base, IMPORTWATCH="1", IMPORTWATCH_STDERR="stalls"), ["-c", _TIMED], stderr),
+            "plain": (base, ["-c", timed], stderr),
+            "loaded": (base, ["-c", loaded + timed], stderr),
+            "stalls": (dict(base, IMPORTWATCH="1", IMPORTWATCH_STDERR="stalls"), ["-c", timed], stderr),
         }
         if options.log:
             logged = dict(base, IMPORTWATCH="1", IMPORTWATCH_LOG=log)
-            modes["log"] = (logged, ["-c", _TIMED], stderr)
-            modes["log, stderr piped"] = (logged, ["-c", _TIMED], None)
+            modes["log"] = (logged, ["-c", timed], stderr)
+            modes["log, stderr piped"] = (logged, ["-c", timed], None)
         if options.runner:
-            modes["runner stalls"] = (base, ["-m", "importwatch", "--stderr", "stalls", "-c", _TIMED], stderr)
+            modes["runner stalls"] = (base, ["-m", "importwatch", "--stderr", "stalls", "-c", timed], stderr)
             if options.log:
-                modes["runner log"] = (base, ["-m", "importwatch", "--log", log, "-c", _TIMED], stderr)
-        _run(python, ["-c", _TIMED], base, stderr)  # bytecode caches written first: compiling is not tracing
+                modes["runner log"] = (base, ["-m", "importwatch", "--log", log, "-c", timed], stderr)
+        _run(python, ["-c", timed], base, stderr)  # bytecode caches written first: compiling is not tracing
         runs: dict[str, list[tuple[float, float]]] = {name: [] for name in modes}
         for index in range(options.rounds):
             order = list(modes) if index % 2 else list(reversed(modes))
@@ -105,7 +124,8 @@ def main() -> int:
                 env, args, stderr_to = modes[name]
                 runs[name].append(_run(python, args, env, stderr_to))
     print(
-        f"python {sys.version.split()[0]}: {imports} imports, {options.rounds} rounds, timed inside each process"
+        f"python {sys.version.split()[0]}: {imports} imports{' at top level' if options.top_level else ''}, "
+        f"{options.rounds} rounds, timed inside each process"
     )
     for name, results in runs.items():
         wall = statistics.median(w for w, _ in results) * 1000

@@ -116,6 +116,17 @@ def test_the_imports_alone_are_timed_in_every_mode(tmp_path):
         assert re.search(
             rf"^  {mode} +[\d.]+ ms; over plain, per import: +[-+][\d.]+ us wall", done.stdout, re.M
         ), done.stdout
+    # --top-level: the same imports made by the program's own top level, each a thread's first step.
+    done = subprocess.run(
+        [
+            sys.executable, str(ROOT / "benchmarks" / "bench_inside.py"),
+            "--rounds", "1", "--modules", "20", "--top-level",
+        ],
+        env=clean_env(), capture_output=True, text=True, timeout=100,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "21 imports at top level, 1 rounds" in done.stdout  # 20 modules and their package
+    assert re.search(r"^  stalls +[\d.]+ ms; over plain, per import: +[-+][\d.]+ us wall", done.stdout, re.M)
 
 
 @pytest.mark.timeout(60)
