@@ -5,7 +5,9 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import threading
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -203,6 +205,27 @@ def test_a_first_import_while_a_longer_deadline_is_armed_is_watched_to_its_own(
     proc.wait_for("Timeout (", timeout=15)
     assert time.monotonic() - began <= 2 + 1.0, proc.stderr
     assert "gilhog.py" in proc.stderr.split("Timeout (", 1)[1]
+
+
+def test_a_step_that_begins_while_the_heartbeat_leaves_keeps_it_there() -> None:
+    """The heartbeat's _idle found nothing in flight; then the GIL changed hands and a step began before
+    the watchdog was dormant. That step called nothing (the deadline armed still stood for it), so the
+    heartbeat must not leave it unwatched: _idle reads the chains again once dormant."""
+    from importwatch.tracing import watchdog
+
+    class Begins(dict):  # no chain at _idle's first look, one by its second
+        looks = 0
+
+        def __bool__(self) -> bool:
+            self.looks += 1
+            return self.looks > 1
+
+    dog = watchdog.Watchdog.__new__(watchdog.Watchdog)  # the state alone: no heartbeat, no timer
+    dog.__dict__.update(tracer=types.SimpleNamespace(stacks=Begins()), _lock=threading.RLock(), _stalled={})
+    dog.__dict__.update(_forking=False, _generation=1, _running=True, _armed_for=None, _dormant=False)
+    dog._gone = gone = threading.Lock()
+    assert dog._idle(1) is False
+    assert (dog._dormant, dog._gone) == (False, gone)
 
 
 def test_exit_on_stall_ends_with_status_1(built: Path) -> None:

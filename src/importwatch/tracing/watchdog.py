@@ -228,8 +228,7 @@ class Watchdog:
         threads). And a timer armed at the fork has no thread in the child, whose cancel (at its exit,
         or our next arming) would then wait for that thread for ever. So the lock that arming takes is
         held from here across the fork: no other thread can arm the timer between the cancel and the
-        fork. The heartbeat is ended first, without the lock, since it may be waiting for it.
-        """
+        fork. The heartbeat is ended first, without the lock, since it may be waiting for it."""
         with self._lock:
             self._forking = True  # no heartbeat starts from here on (see wake_up)
             beating = self._gone is not None
@@ -304,10 +303,10 @@ class Watchdog:
     def _idle(self, generation: int) -> bool:
         """Nothing in flight: cancel our deadline, and leave until the next step (see start); True if so.
 
-        Decided under the lock, on the tracer's chains as a step's start makes them: a thread
-        has its chain before it calls step_begins, whose _cover takes this lock once we have
-        disarmed, and then finds the watchdog dormant.
-        """
+        Decided under the lock, on the tracer's chains as a step's start makes them: a thread has its
+        chain before it calls step_begins, whose _cover takes this lock once we have disarmed, and then
+        finds the watchdog dormant. One whose step began in here before we were dormant (the GIL may
+        change hands) found the deadline still armed and called nothing: the chains are read again."""
         with self._lock:
             if self.tracer.stacks or self._stalled or self._forking or generation != self._generation:
                 return False
@@ -315,6 +314,9 @@ class Watchdog:
                 return False
             self._disarm()
             self._dormant = True
+            if self.tracer.stacks:  # a step began meanwhile: stay, and arm for it at the next look
+                self._dormant = False
+                return False
             self._gone = None  # ending now: nothing to wait for (see _leave)
             self._tell_due()
             return True
@@ -382,9 +384,8 @@ class Watchdog:
     def report(self, now: float, chains: dict[int, list[TracedStep]], culprit: int) -> None:
         """Write a stall report: every chain in flight, then every thread's stack.
 
-        Written whole under `_reporting`, which a RESUMED line takes too: the end of
-        a stall is never told in the middle of its own report.
-        """
+        Written whole under `_reporting`, which a RESUMED line takes too: the end of a stall is never
+        told in the middle of its own report."""
         with self._reporting:
             self._report(now, chains, culprit)
 
@@ -504,10 +505,9 @@ class Watchdog:
     def _tell_due(self) -> None:
         """Tell the tracer from when a step's end needs step_ended, after each change of what it reads.
 
-        At once while a thread is stalled; once the armed deadline has passed (faulthandler may
-        have dumped while the GIL was held); never while nothing is armed. Set under the lock
-        from the state as it is then, so the last of two racing updates is also the latest.
-        """
+        At once while a thread is stalled; once the armed deadline has passed (faulthandler may have
+        dumped while the GIL was held); never while nothing is armed. Set under the lock from the state
+        as it is then, so the last of two racing updates is also the latest."""
         with self._lock:
             armed = self._armed_for
             due = NEVER if armed is None else armed
@@ -567,9 +567,8 @@ class Watchdog:
     def _arm(self, deadline: float, now: float) -> None:
         """Have faulthandler dump at DEADLINE, unless what is armed may stand (see __init__).
 
-        A deadline armed may stand when it is no later than DEADLINE, less than
-        `longest` earlier, and not so near that the heartbeat could not move it in time.
-        """
+        A deadline armed may stand when it is no later than DEADLINE, less than `longest` earlier, and
+        not so near that the heartbeat could not move it in time."""
         with self._lock:  # never re-armed after stop(): faulthandler is unloaded at exit
             if not self._running:
                 return
