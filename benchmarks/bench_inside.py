@@ -23,6 +23,8 @@ by exec in __main__, compiled before the clock starts), as a script's own import
 then a thread's first step, which also looks at our descriptors (one fstat each) and asks
 whether the watchdog must cover it (docs/performance.md). Nested imports never pay that.
 
+`IMPORTWATCH_PURE=1 python benchmarks/bench_inside.py ...` times the pure-Python twin of the C hook.
+
 Each figure is the median over rounds of (mode - plain) within a round, per import. A
 process's start-up and exit, and their noise, stay out of it; "loaded" shows what merely
 having importwatch's modules in the process costs the imports (a larger heap), and what the
@@ -91,7 +93,8 @@ def main() -> int:
     )
     options = parser.parse_args()
     python = sys.executable
-    base = {k: v for k, v in os.environ.items() if not k.startswith("IMPORTWATCH")}
+    # Our variables left out, but IMPORTWATCH_PURE: `IMPORTWATCH_PURE=1` times the pure-Python twin.
+    base = {k: v for k, v in os.environ.items() if k == "IMPORTWATCH_PURE" or not k.startswith("IMPORTWATCH")}
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch)
         make_tree(folder, options.modules)
@@ -124,7 +127,8 @@ def main() -> int:
                 env, args, stderr_to = modes[name]
                 runs[name].append(_run(python, args, env, stderr_to))
     print(
-        f"python {sys.version.split()[0]}: {imports} imports{' at top level' if options.top_level else ''}, "
+        f"python {sys.version.split()[0]}{', pure-Python hook' if base.get('IMPORTWATCH_PURE') == '1' else ''}: "
+        f"{imports} imports{' at top level' if options.top_level else ''}, "
         f"{options.rounds} rounds, timed inside each process"
     )
     for name, results in runs.items():
