@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import signal
 import subprocess
 import sys
@@ -226,6 +227,42 @@ def test_a_step_that_begins_while_the_heartbeat_leaves_keeps_it_there() -> None:
     dog._gone = gone = threading.Lock()
     assert dog._idle(1) is False
     assert (dog._dormant, dog._gone) == (False, gone)
+
+
+def test_the_cover_a_first_step_needs_no_call_in_is_where_step_begins_would_do_nothing(monkeypatch) -> None:
+    """Both hooks leave out a thread's first step_begins(None) within tracer.cover, which the watchdog
+    publishes (Watchdog._tell_due): held here to step_begins itself, on states and times around each bound."""
+    from importwatch.tracing import watchdog
+
+    clock = [0.0]
+    monkeypatch.setattr(watchdog, "CLOCKS", type("Clocks", (), {"monotonic": staticmethod(lambda: clock[0])}))
+    grace, covered, outside = 0.3, [], []
+    for timeout in (2.0, 30.0, 0.3):
+        interval, longest = min(0.25, timeout / 4), max(min(0.25, timeout / 4), timeout / 8)
+        start = 1000.0  # when the step that armed the deadline began
+        for armed, look, dormant in itertools.product(
+            (None, start + timeout + grace, start + 60.0), (0.0, start + 0.2, start + timeout), (False, True)
+        ):
+            dog = watchdog.Watchdog.__new__(watchdog.Watchdog)  # the state alone: no heartbeat, no timer
+            dog.__dict__.update(timeout=timeout, interval=interval, longest=longest, _armed_for=armed)
+            dog.__dict__.update(_next_look=0.0, _dormant=dormant, _stalled={}, _lock=threading.RLock())
+            dog.tracer = types.SimpleNamespace(progress_due=None, cover=None)
+            dog._tell_due(look)
+            low, high = dog.tracer.cover
+            bounds = [start, start + longest, look + interval - timeout, low, high]
+            times = {b + d for b in bounds if b < 1e300 for d in (-1e-3, -2e-6, -1e-9, 0.0, 1e-9, 2e-6, 1e-3)}
+            for now in sorted(times | {start + longest / 2}):
+                calls: list[str] = []
+                for name in ("_arm", "wake_up", "wake"):
+                    setattr(dog, name, lambda *args, name=name, calls=calls: calls.append(name))
+                clock[0] = now
+                dog.step_begins(None)
+                if low <= now < high:
+                    assert calls == [], (timeout, armed, look, dormant, now, (low, high), calls)
+                    covered.append(now)
+                else:
+                    outside.append(calls != [])
+    assert covered and any(outside)  # the test can fail both ways
 
 
 def test_exit_on_stall_ends_with_status_1(built: Path) -> None:

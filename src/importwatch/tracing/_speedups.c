@@ -43,8 +43,7 @@ static PyObject *s_import, *s_import_end, *s_structured, *s_progress_due, *s_on_
     *s_check_descriptors, *s_safely, *s_internal_error, *s_event, *s_name, *s_parent, *s_ms, *s_error,
     *s_writing_a_line, *s_dunder_name, *s_progress, *s_loud, *s_log, *s_feed, *s_stderr, *s_partial,
     *s_main_thread, *s_msec, *s_prefix, *s_now, *s_set_stamp, *s_json, *s_broken, *s_closed, *s_ring, *s_mapping,
-    *s_fd, *s_modules, *s_stderr_again, *s_log_lost, *s_warn, *s_guards, *s_watchdog, *s_step_begins, *s_timeout,
-    *s_grace, *s_longest, *s_interval, *s_armed_for, *s_next_look, *s_dormant;
+    *s_fd, *s_modules, *s_stderr_again, *s_log_lost, *s_warn, *s_guards, *s_cover;
 
 static const struct {
     PyObject **slot;
@@ -60,9 +59,7 @@ static const struct {
     {&s_set_stamp, "_set_stamp"}, {&s_json, "json"}, {&s_broken, "broken"}, {&s_closed, "closed"},
     {&s_ring, "ring"}, {&s_mapping, "mapping"}, {&s_fd, "fd"}, {&s_modules, "modules"},
     {&s_stderr_again, "_stderr_again"}, {&s_log_lost, "_log_lost"}, {&s_warn, "warn"}, {&s_guards, "guards"},
-    {&s_watchdog, "watchdog"}, {&s_step_begins, "step_begins"}, {&s_timeout, "timeout"}, {&s_grace, "grace"},
-    {&s_longest, "longest"}, {&s_interval, "interval"}, {&s_armed_for, "_armed_for"}, {&s_next_look, "_next_look"},
-    {&s_dormant, "_dormant"},
+    {&s_cover, "cover"},
 };
 
 /* The sys module, held from the first hook made: sys.modules is read from it at each import (an attribute
@@ -120,7 +117,7 @@ static int counted_setattro(PyObject *object, PyObject *name, PyObject *value); 
 #include "_speedups_end.h" /* end_line: the import's end line, and progress told */
 #include "_speedups_guards.h" /* guards_hold: our descriptors, looked at without the sink's check */
 #include "_speedups_spawn.h" /* spawn_detached: the watcher started by a thread of ours, without a copy of the program */
-#include "_speedups_cover.h" /* deadline_covered: a thread's first step, when the watchdog needs no call */
+#include "_speedups_cover.h" /* deadline_covered: a thread's first step within tracer.cover calls nothing */
 
 /* -- the hook -------------------------------------------------------------------------------- */
 static PyObject *call_original(Hook *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
@@ -172,7 +169,7 @@ RARE static PyObject *first_stack(Hook *self, PyObject *key) {
         Py_DECREF(stack);
         return NULL;
     }
-    if (on_deadline != Py_None && !deadline_covered(self, on_deadline)) {
+    if (on_deadline != Py_None && !deadline_covered(self)) {
         result = PyObject_CallOneArg(on_deadline, Py_None);
         if (result == NULL) {
             Py_DECREF(on_deadline);
@@ -497,7 +494,7 @@ static PyObject *make_hook(PyObject *module, PyObject *args) {
     /* The names read through the held dictionaries: a property of one of them would make getattr differ. */
     static PyObject **const sink_names[] = {&s_structured, &s_loud, &s_log, &s_feed, &s_stderr, &s_partial,
                                             &s_main_thread, &s_now, &s_msec, &s_prefix, &s_guards};
-    static PyObject **const tracer_names[] = {&s_progress_due, &s_on_progress, &s_on_deadline, &s_watchdog};
+    static PyObject **const tracer_names[] = {&s_progress_due, &s_on_progress, &s_on_deadline, &s_cover};
     self->sink_dict = held_dict(sink, sink_names, sizeof sink_names / sizeof sink_names[0]);
     self->tracer_dict = held_dict(tracer, tracer_names, sizeof tracer_names / sizeof tracer_names[0]);
     if (PyErr_Occurred()) {
@@ -537,9 +534,6 @@ static PyMethodDef methods[] = {
      "lock_now(fd): flock(fd, LOCK_EX | LOCK_NB); True once taken, False while another process holds it."},
     {"duration_text", duration_text, METH_O,
      "duration_text(ms): an end line's tail, as the hook writes it (f\" {ms:.3f} ms\"): for the twins' test."},
-    {"watchdog_covers", covers, METH_VARARGS,
-     "watchdog_covers(watchdog, now): whether the hook leaves out a thread's first step_begins(None) at NOW "
-     "(it would do nothing): for the test that holds it to step_begins."},
     {"shared_memory", shared_memory, METH_VARARGS,
      "shared_memory(fd, size): SIZE bytes of FD mapped shared and writable, as a buffer (ring.create)."},
     {NULL, NULL, 0, NULL},

@@ -53,6 +53,8 @@ IMPORTLIB_FILENAME = _bootstrap._find_and_load.__code__.co_filename
 # types.FunctionType, without importing types at start-up (plain python has not).
 FunctionType = type(lambda: None)
 NEVER = float("inf")
+# A cover that holds for no step (see Tracer.cover).
+NO_COVER = (NEVER, NEVER)
 
 
 class TracedStep:
@@ -164,9 +166,10 @@ class Tracer:
         # watchdog may not be watching yet: the first on a thread with nothing in flight, or one with
         # a threshold of its own.
         self.on_deadline: Callable[[float | None], None] | None = None
-        # The watchdog (watchdog.py, which imports this module) whose step_begins on_deadline is: the
-        # C hook asks its state whether that call would do nothing, and leaves it out then (_speedups_cover.h).
-        self.watchdog: object | None = None
+        # When a thread's first step needs no on_deadline(None): from the first time to before the second
+        # it would do nothing (the watchdog keeps it: see Watchdog._tell_due). A comparison instead of a
+        # call at each import a program's own code makes.
+        self.cover: tuple[float, float] = NO_COVER
         self._errors_said: set[str] = set()
         self._saved: Callable | None = None  # the original _find_and_load while installed
 
@@ -244,7 +247,9 @@ class Tracer:
                 # The program's own code ran since this thread's last step: it may have moved a descriptor.
                 sink.check_descriptors()
                 if tracer.on_deadline is not None:
-                    tracer.on_deadline(None)
+                    low, high = tracer.cover
+                    if not low <= clock() < high:
+                        tracer.on_deadline(None)
             parent = stack[-1].name if stack else None
             indent = "  " * len(stack)
             frame = TracedStep(name, clock())

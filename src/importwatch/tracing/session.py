@@ -20,7 +20,7 @@ from importwatch.tracing import banner, phases
 from importwatch.tracing.doors import Doors
 from importwatch.tracing.faults import SharedFaulthandler
 from importwatch.tracing.handback import Held
-from importwatch.tracing.hook import NEVER, Tracer, as_importlib_frame
+from importwatch.tracing.hook import NEVER, NO_COVER, Tracer, as_importlib_frame
 from importwatch.tracing.native import NativeLoads
 from importwatch.tracing.sink import CLOCKS, Sink
 from importwatch.tracing.standby import Standby
@@ -214,7 +214,7 @@ class Session:
         tracer.on_progress = watchdog.step_ended
         tracer.on_gil_held = watchdog.gil_held
         tracer.on_gil_released = watchdog.gil_released
-        tracer.on_deadline, tracer.watchdog = watchdog.step_begins, watchdog
+        tracer.on_deadline = watchdog.step_begins
         watchdog.start()
 
     def _stop_watchdog(self, forget: bool = True) -> None:
@@ -227,7 +227,7 @@ class Session:
         if tracer.on_progress == watchdog.step_ended:
             tracer.progress_due = NEVER
             tracer.on_progress = tracer.on_gil_held = tracer.on_gil_released = tracer.on_deadline = None
-            tracer.watchdog = None
+            tracer.cover = NO_COVER
         if forget:
             self.watchdog = None
 

@@ -20,7 +20,7 @@ from importwatch.events import BUSY, RESUMED, STALL_CONTEXT, STALL_THREADS
 from importwatch.facts import procstat
 from importwatch.tracing import threads
 from importwatch.tracing.faults import SharedFaulthandler
-from importwatch.tracing.hook import NEVER
+from importwatch.tracing.hook import NEVER, NO_COVER
 from importwatch.tracing.sink import CLOCKS
 
 TYPE_CHECKING = False
@@ -89,11 +89,9 @@ class Watchdog:
         # The finest look, and the longest sleep while something is in flight. A deadline armed is moved
         # later at most every `longest` seconds: each arming starts a thread (see _cover), and a heartbeat
         # that wakes wrests the GIL from the program. So a stall that holds the GIL may be dumped up to
-        # `longest` early (an eighth of the threshold); the heartbeat's own reports, for stalls that leave
-        # the GIL free, come when due. `grace`: the C hook reads it with these (see step_begins).
+        # `longest` early (an eighth of the threshold); stalls that leave it free are reported when due.
         self.interval = min(0.25, timeout / 4)
         self.longest = max(self.interval, timeout / 8)
-        self.grace = _GRACE
         self._running = False
         self._generation = 0
         self._lock = _thread.RLock()  # arming and stopping, from the heartbeat, the program and atexit
@@ -190,7 +188,7 @@ class Watchdog:
 
         While nothing was in flight nothing may be armed, and a step that holds the GIL at once would
         keep the heartbeat from arming it: cover it here. Wake the heartbeat only if its next look comes
-        too late for this step. The C hook makes the same test first (_speedups_cover.h): keep them alike."""
+        too late for this step. The hooks call it only outside the cover that _tell_due publishes."""
         limit = self.timeout if timeout is None else timeout
         if limit <= 0:
             if self._dormant:
@@ -284,11 +282,11 @@ class Watchdog:
         while self._running and generation == self._generation:
             if self.main_gone:
                 pause = min(pause, _ALONE_LOOK)
-            self._next_look = CLOCKS.monotonic() + pause
+            self._tell_due(CLOCKS.monotonic() + pause)  # the next look, set with the cover it allows
             wake.acquire(timeout=pause)
             if not self._running or generation != self._generation:
                 break  # stopped while asleep: the interpreter may be finalising
-            if self.main_gone and self._alone():
+            if self.main_gone and len(sys._current_frames()) <= 1:  # the program's last thread has gone
                 self._leave()
                 break
             try:
@@ -320,10 +318,6 @@ class Watchdog:
             self._gone = None  # ending now: nothing to wait for (see _leave)
             self._tell_due()
             return True
-
-    def _alone(self) -> bool:
-        """No Python thread left but the heartbeat: the program has ended its last thread."""
-        return len(sys._current_frames()) <= 1
 
     def _leave(self) -> None:
         """The program's last thread has gone: cancel our deadline and let the process end as it would."""
@@ -414,7 +408,8 @@ class Watchdog:
         # Looked at after the report: a step that ended meanwhile (during the CPU look) has its end
         # line written already (step_ended then waits for this report).
         ended = self._stalled.get(culprit, (None,))[0] is not top
-        ends = self.exit_on_stall and not busy and not ended and self._on_chain(culprit, top)
+        on_chain = any(each is top for each in self.tracer.stacks.get(culprit, ()))  # still in flight
+        ends = self.exit_on_stall and not busy and not ended and on_chain
         if ends and debugger:
             text = f"--exit-on-stall does not end it: a debugger, pid {debugger}, is attached"
             sink.event(STALL_CONTEXT, {"context": text})
@@ -426,10 +421,6 @@ class Watchdog:
     def _on_chain(self, ident: int, step: TracedStep) -> bool:
         """Whether STEP is still in flight on thread IDENT's chain."""
         return any(each is step for each in self.tracer.stacks.get(ident, ()))
-
-    def _thread_map(self) -> None:
-        """Each thread as faulthandler's dump names it (its address), and by name."""
-        self.sink.event(STALL_THREADS, {"threads": self.sink.thread_names()})
 
     def _fold_in(self, now: float, chains: dict[int, list[TracedStep]], culprit: int, found: dict) -> None:
         """Count this report for every other chain whose report is due as well, or that waits for the
@@ -500,18 +491,28 @@ class Watchdog:
         """Python runs again after faulthandler dumped a stall on its own: where that dump went, and
         the names of the threads it gave by address only."""
         self.sink.event(RESUMED, {"dumped": self.sink.dumped_where()})
-        self._thread_map()
+        self.sink.event(STALL_THREADS, {"threads": self.sink.thread_names()})  # the dump's threads named
 
-    def _tell_due(self) -> None:
-        """Tell the tracer from when a step's end needs step_ended, after each change of what it reads.
+    def _tell_due(self, next_look: float | None = None) -> None:
+        """Tell the tracer when a step's end needs step_ended and a thread's first step step_begins, after
+        each change of what they read (NEXT_LOOK: the heartbeat's next look, about to be set).
 
-        At once while a thread is stalled; once the armed deadline has passed (faulthandler may have
-        dumped while the GIL was held); never while nothing is armed. Set under the lock from the state
-        as it is then, so the last of two racing updates is also the latest."""
+        Step ends: at once while a thread is stalled, once the armed deadline has passed (faulthandler
+        may have dumped), never while nothing is armed. First steps: outside the cover, where
+        step_begins(None) would act (asleep, the armed deadline not standing for the step, or the next
+        look too late), a microsecond in from each bound. Set under the lock: the last update wins."""
         with self._lock:
             armed = self._armed_for
             due = NEVER if armed is None else armed
             self.tracer.progress_due = 0.0 if self._stalled or self._dormant else due
+            look, limit = self._next_look if next_look is None else next_look, self.timeout
+            if armed is None or self._dormant or not limit > 0:
+                self.tracer.cover = NO_COVER
+            else:  # a step that begins at `start` has the armed deadline for its own
+                start = armed - limit - _GRACE
+                low = max(start, look + self.interval - limit)
+                self.tracer.cover = (low + 1e-6, start + self.longest - 1e-6)
+            self._next_look = look
 
     def gil_held(self, frame: TracedStep) -> None:
         """Before a dlopen: the heartbeat may not run again until it returns, so the C timer must be armed."""
@@ -546,7 +547,7 @@ class Watchdog:
                 seconds = round(now - frame.start, 1)
                 fields = {"name": frame.name, "seconds": seconds, "interrupted": False}
                 self.sink.event(RESUMED, {**fields, "dumped": self.sink.dumped_where()})
-                self._thread_map()  # faulthandler's dump named the threads by address only
+                self.sink.event(STALL_THREADS, {"threads": self.sink.thread_names()})  # the dump's addresses
 
     def _fired(self, now: float) -> bool:
         """Whether faulthandler's timer has fired (its deadline passed, never cancelled): true once per
@@ -560,7 +561,7 @@ class Watchdog:
             # armed again at once. Nothing else would: with nothing left in flight, _disarm sees no
             # deadline of ours to cancel (the program's deadline was lost so, for good).
             self.faults.cancel_ours()
-        self._tell_due()
+            self._tell_due()  # under the lock: no step may find the cover of a deadline no longer armed
         return True
 
     # -- faulthandler's timer -------------------------------------------------------------
