@@ -166,9 +166,9 @@ class Tracer:
         # watchdog may not be watching yet: the first on a thread with nothing in flight, or one with
         # a threshold of its own.
         self.on_deadline: Callable[[float | None], None] | None = None
-        # When a thread's first step needs no on_deadline(None): from the first time to before the second
-        # it would do nothing (the watchdog keeps it: see Watchdog._tell_due). A comparison instead of a
-        # call at each import a program's own code makes.
+        # (LOW, HIGH): a thread's first step that begins at LOW or later and before HIGH needs no
+        # on_deadline(None), which would do nothing then (the watchdog keeps it: see Watchdog._tell_due).
+        # A comparison instead of a call at each import a program's own code makes.
         self.cover: tuple[float, float] = NO_COVER
         self._errors_said: set[str] = set()
         self._saved: Callable | None = None  # the original _find_and_load while installed
