@@ -99,9 +99,9 @@ def main() -> int:
         folder = Path(scratch)
         make_tree(folder, options.modules)
         packages = list(folder.glob("bench_pkg*"))  # each imported too, as is bench_all
-        imports = sum(len(list(package.glob("mod*.py"))) for package in packages) + len(packages)
+        modules = sum(len(list(package.glob("mod*.py"))) for package in packages) + len(packages)
+        imports = modules if options.top_level else modules + 1  # bench_all itself, when it is imported
         timed = _timed_at_top_level(folder) if options.top_level else _TIMED
-        imports += 0 if options.top_level else 1  # bench_all itself
         base["PYTHONPATH"] = str(folder)
         loaded = "".join(f"import {name}; " for name in _start_up_modules(python))
         log = str(folder / "trace.log")

@@ -418,9 +418,9 @@ class Watchdog:
             self._ending.end_job(sink, CLOCKS.monotonic() - chains[culprit][0].start)  # never returns
         self._arm(since + self._limit(top) * _GROWTH**reports + _GRACE + _REPEAT_GRACE, now)
 
-    def _on_chain(self, ident: int, step: TracedStep) -> bool:
-        """Whether STEP is still in flight on thread IDENT's chain."""
-        return any(each is step for each in self.tracer.stacks.get(ident, ()))
+    def _thread_map(self) -> None:
+        """Each thread as faulthandler's dump names it (its address), and by name."""
+        self.sink.event(STALL_THREADS, {"threads": self.sink.thread_names()})
 
     def _fold_in(self, now: float, chains: dict[int, list[TracedStep]], culprit: int, found: dict) -> None:
         """Count this report for every other chain whose report is due as well, or that waits for the
@@ -491,7 +491,7 @@ class Watchdog:
         """Python runs again after faulthandler dumped a stall on its own: where that dump went, and
         the names of the threads it gave by address only."""
         self.sink.event(RESUMED, {"dumped": self.sink.dumped_where()})
-        self.sink.event(STALL_THREADS, {"threads": self.sink.thread_names()})  # the dump's threads named
+        self._thread_map()
 
     def _tell_due(self, next_look: float | None = None) -> None:
         """Tell the tracer when a step's end needs step_ended and a thread's first step step_begins, after
@@ -547,7 +547,7 @@ class Watchdog:
                 seconds = round(now - frame.start, 1)
                 fields = {"name": frame.name, "seconds": seconds, "interrupted": False}
                 self.sink.event(RESUMED, {**fields, "dumped": self.sink.dumped_where()})
-                self.sink.event(STALL_THREADS, {"threads": self.sink.thread_names()})  # the dump's addresses
+                self._thread_map()  # faulthandler's dump named the threads by address only
 
     def _fired(self, now: float) -> bool:
         """Whether faulthandler's timer has fired (its deadline passed, never cancelled): true once per
