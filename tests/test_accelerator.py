@@ -12,10 +12,12 @@ import importlib.util
 import json
 import random
 import re
+import shutil
 import subprocess
 import sys
 import time
 import zipfile
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -241,6 +243,36 @@ def test_top_level_imports_in_a_row_cost_neither_hook_a_python_call(tmp_path: Pa
         assert run.returncode == 0, run.stderr
         in_a_row, after_a_spell = map(int, run.stdout.split())
         assert in_a_row <= 2 and after_a_spell == 1, (path, run.stdout)
+
+
+_FSTAT = re.compile(r"^(\d+) +(?:newfstatat|fstat)\((\d+), ")
+
+
+@needs_accelerator
+@pytest.mark.skipif(shutil.which("strace") is None, reason="counts system calls with strace")
+def test_a_top_level_import_looks_only_at_the_descriptors_lines_go_to(tmp_path: Path) -> None:
+    """Each top-level import checks that stderr's copy of ours is still ours (it is written to, and
+    faulthandler's timer for a stall that holds the GIL writes there), never the watcher's pipe: nothing
+    is written to that, and the lock at the exit looks at it itself."""
+    for index in range(50):
+        (tmp_path / f"m{index}.py").write_text("x = 1\n")
+    (tmp_path / "main.py").write_text("".join(f"import m{index}\n" for index in range(50)))
+    trace = tmp_path / "trace.txt"
+    command = ["strace", "-f", "-qq", "-e", "trace=fstat,newfstatat", "-o", str(trace)]
+    command += [sys.executable, "-m", "importwatch", "--watcher", "--stderr", "stalls", "main.py"]
+    run = subprocess.run(
+        command, cwd=tmp_path, env=clean_env(**C), capture_output=True, text=True, timeout=60
+    )
+    assert run.returncode == 0, run.stderr
+    lines = trace.read_text().splitlines()
+    program = lines[0].split()[0]  # the runner execs the program in its own process
+    ours = Counter(  # our descriptors sit just below 1024 (the program's module files come and go at 3)
+        int(found[2])
+        for found in map(_FSTAT.match, lines)
+        if found and found[1] == program and int(found[2]) > 512
+    )
+    per_import = [fd for fd, count in ours.items() if count >= 50]
+    assert len(ours) >= 2 and len(per_import) == 1, ours  # stderr's copy; not the watcher's pipe
 
 
 # The C hook's own writer hands these to Sink.emit, or meets them itself: the same bytes either way.

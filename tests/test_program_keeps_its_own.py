@@ -85,6 +85,40 @@ def test_a_program_that_closes_fd_2_at_start_gets_no_line_in_the_file_that_takes
         assert (tmp_path / "data.txt").read_text() == "rec\n", name
 
 
+# -- the watcher's pipe taken over by the program --------------------------------------------------
+PIPE_TAKEN_OVER = """
+import os
+from importwatch.tracing import session
+
+feed = session.active().sink.feed
+own = os.open("own.lock", os.O_RDWR | os.O_CREAT, 0o600)
+os.dup2(own, feed.fd)  # a file of the program's at the number of the watcher's pipe; no step after
+inode, pid = os.fstat(own).st_ino, os.getpid()
+
+
+class Last:
+    def __del__(self):  # at finalisation: after every exit handler, importwatch's included
+        fd = os.open("/proc/locks", os.O_RDONLY)
+        held = [line for line in os.read(fd, 1 << 20).decode().splitlines()
+                if f":{inode} " in line and line.split()[4] == str(pid)]
+        os.write(1, f"locks: {len(held)}\\n".encode())
+
+
+last = Last()
+"""
+
+
+def test_a_file_the_program_puts_at_the_watcher_s_pipe_is_never_locked_at_the_exit(tmp_path: Path) -> None:
+    # The exit silences the watcher by a lock on its pipe: taken there, it would be on the program's file.
+    (tmp_path / "prog.py").write_text(PIPE_TAKEN_OVER)
+    for name, command, env in (
+        ("runner", [*RUNNER, "--watcher", "prog.py"], clean_env()),
+        ("IMPORTWATCH=1", [sys.executable, "prog.py"], clean_env(IMPORTWATCH="1", IMPORTWATCH_WATCHER="1")),
+    ):
+        run = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=90)
+        assert (run.returncode, run.stdout) == (0, "locks: 0\n"), (name, run.stdout, run.stderr)
+
+
 # -- a failure of ours leaves no step in flight ------------------------------------------------
 RECURSE_THEN_IMPORT = """
 import time

@@ -530,8 +530,9 @@ static PyMethodDef methods[] = {
      "spawn_started(wait): the watcher's pid once spawn_detached has started it, None while it is under way "
      "(after waiting up to WAIT seconds); OSError where it failed."},
     {"child_subreaper", child_subreaper, METH_NOARGS, "child_subreaper(): whether this process adopts orphans."},
-    {"lock_now", lock_now, METH_O,
-     "lock_now(fd): flock(fd, LOCK_EX | LOCK_NB); True once taken, False while another process holds it."},
+    {"lock_if_ours", lock_if_ours, METH_VARARGS,
+     "lock_if_ours(fd, device, inode): flock(fd, LOCK_EX | LOCK_NB) where fd still refers to that device and "
+     "inode; True once taken, False while another process holds it, None where fd is no longer that."},
     {"duration_text", duration_text, METH_O,
      "duration_text(ms): an end line's tail, as the hook writes it (f\" {ms:.3f} ms\"): for the twins' test."},
     {"shared_memory", shared_memory, METH_VARARGS,

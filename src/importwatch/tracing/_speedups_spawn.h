@@ -366,19 +366,24 @@ static PyObject *spawn_started(PyObject *module, PyObject *arg) {
     return PyLong_FromLong((long)state);
 }
 
-/* lock_now(fd): flock(FD, LOCK_EX | LOCK_NB): True once taken, False while another holds it, OSError
-   else (watcher_launch.hush, at the exit: fcntl would be one more module at start-up, 0.15 ms). */
-static PyObject *lock_now(PyObject *module, PyObject *arg) {
+/* lock_if_ours(fd, device, inode): flock(FD, LOCK_EX | LOCK_NB) where FD still refers to that device and
+   inode (the watcher's pipe as we made it): True once taken, False while another holds it, None when the
+   program has put something else at that number (a lock there would be on its file), OSError else
+   (watcher_launch.hush, at the exit: fcntl would be one more module at start-up, 0.15 ms). The look and
+   the lock are made without letting go of the GIL: no thread of the program's Python runs between them. */
+static PyObject *lock_if_ours(PyObject *module, PyObject *args) {
     (void)module;
-    long fd = PyLong_AsLong(arg);
-    if (fd == -1 && PyErr_Occurred()) {
+    int fd;
+    unsigned long long device, inode;
+    if (!PyArg_ParseTuple(args, "iKK:lock_if_ours", &fd, &device, &inode)) {
         return NULL;
     }
-    if (fd < 0 || fd > 0x7fffffffL) {
-        PyErr_SetString(PyExc_ValueError, "lock_now: not a descriptor");
-        return NULL;
+    struct stat seen;
+    if (fd < 0 || fstat(fd, &seen) != 0 || (unsigned long long)seen.st_dev != device ||
+        (unsigned long long)seen.st_ino != inode) {
+        Py_RETURN_NONE;
     }
-    if (flock((int)fd, LOCK_EX | LOCK_NB) == 0) {
+    if (flock(fd, LOCK_EX | LOCK_NB) == 0) {
         Py_RETURN_TRUE;
     }
     if (errno == EWOULDBLOCK) {

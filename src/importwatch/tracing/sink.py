@@ -149,8 +149,9 @@ class Sink(SINK_BASE):  # type: ignore[misc,valid-type]
         self.log: Channel | None = None
         self.structured = False  # a JSON log writes each event's fields: only then need they be made
         self.feed: Feed | None = None
-        # (fd, device, inode) of each descriptor of ours as check_descriptors last found it, for the C
-        # hook's look without a call; None once one of ours has changed since (the check then runs).
+        # (fd, device, inode) of each descriptor of ours that lines are written to (stderr's copy, the
+        # log) as check_descriptors last found it, for the C hook's look without a call; None once one
+        # of ours has changed since (the check then runs).
         self.guards: tuple[tuple[int, int, int], ...] | None = None
         self._own_threads: dict[int, str] = {}
         self._own_tids: dict[int, int] = {}  # their kernel thread ids, for a watcher started later
@@ -284,6 +285,10 @@ class Sink(SINK_BASE):  # type: ignore[misc,valid-type]
         is found here, when the program's own code may have done it: at each step that
         begins with nothing in flight on its thread (Tracer), and at each of the
         heartbeat's looks. One fstat per descriptor of ours, never per line.
+
+        The hook's guards (the C hook's look at each such step) leave the watcher's pipe
+        out: nothing is written to it, and its one use, the lock at the exit, looks at it
+        itself first (watcher_launch.hush).
         """
         stderr = self.stderr
         if not stderr.broken and identity(stderr.fd) != stderr.ident and not self._stderr_again():
@@ -299,7 +304,6 @@ class Sink(SINK_BASE):  # type: ignore[misc,valid-type]
             feed.closed = True  # the pipe's end told the watcher we were gone: nobody reads the ring now
         live = [(stderr.fd, stderr.ident)] if not stderr.broken else []
         live += [(log.fd, log.ident)] if log is not None and not log.broken else []
-        live += [(feed.fd, feed.ident)] if feed is not None and not feed.closed else []
         # While the watcher's start is under way (a few milliseconds), no guards: each step with nothing
         # in flight then comes here, so a start that failed is said at once.
         starting = feed is not None and feed.starting is not None

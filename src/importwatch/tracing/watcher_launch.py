@@ -42,7 +42,7 @@ import sys
 
 from importwatch import config
 from importwatch.facts import procstat
-from importwatch.tracing.descriptors import high_descriptor
+from importwatch.tracing.descriptors import high_descriptor, identity
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -61,8 +61,9 @@ _PACKAGE_ROOT = os.path.dirname(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 )  # above importwatch/tracing/
 # How hush takes the lock at the exit, chosen at the launch (no import is made at the exit): the C
-# accelerator's lock_now, else fcntl's flock (imported then, and held: tracing/handback.py).
-_lock_now: Callable[[int], bool] | None = None
+# accelerator's lock_if_ours, else fcntl's flock (imported then, and held: tracing/handback.py). Called
+# with the pipe's descriptor, device and inode: None when the descriptor is no longer that pipe.
+_lock_now: Callable[[int, int, int], bool | None] | None = None
 _ADOPTED = "this process is a child subreaper, so the watcher would be its child (its os.wait() would see it)"
 _BOOT = "import sys; sys.path.insert(0, sys.argv.pop(1)); from importwatch.watcher.loop import main; sys.exit(main())"
 
@@ -287,19 +288,25 @@ def hush(sink: Sink) -> None:
 
     feed = sink.feed
     lock_now = _lock_now
-    if feed is None or feed.closed or lock_now is None:
+    if feed is None or feed.closed or feed.ident is None or lock_now is None:
         return  # (closed: the program took the pipe's number over, and a lock there would be on its file)
     sink.watcher_started()  # where its start failed, said (and nothing to silence)
     if sink.feed is None:
         return
     sink.feed_line("#exit")
     # Counted in tries, not by the clock: a debugger that stops this process meanwhile (the
-    # watcher's, reading stacks it will write once it lets go) must not use up the wait.
+    # watcher's, reading stacks it will write once it lets go) must not use up the wait. Each try
+    # looks first that the number is still our pipe's: the program may have put a file of its own
+    # there since our last look (no step checks this descriptor, which nothing is written to).
     for _ in range(int(HUSH_WAIT / _HUSH_TRY)):
         try:
-            if lock_now(feed.fd):
-                return
+            taken = lock_now(feed.fd, *feed.ident)
         except OSError:
+            return
+        if taken is None:
+            feed.closed = True
+            return
+        if taken:
             return
         time.sleep(_HUSH_TRY)
     # A watcher stopped or stuck while holding it: the exit does not wait longer.
@@ -313,19 +320,20 @@ def _pipe(accelerator: Any, import_own: Callable[[str], Any]) -> tuple[int, int]
     """
     global _lock_now
     if _lock_now is None:
-        if accelerator is not None:
-            _lock_now = accelerator.lock_now
-        else:
+        _lock_now = getattr(accelerator, "lock_if_ours", None)  # (none in a build older than this file)
+        if _lock_now is None:
             fcntl = import_own("fcntl")
 
-            def flock_now(fd: int, fcntl: Any = fcntl) -> bool:
+            def flock_if_ours(fd: int, device: int, inode: int, fcntl: Any = fcntl) -> bool | None:
+                if identity(fd) != (device, inode):
+                    return None
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
                     return False
                 return True
 
-            _lock_now = flock_now
+            _lock_now = flock_if_ours
     read_fd, write_fd = os.pipe()
     return _above_stdio(read_fd), _above_stdio(write_fd)
 
