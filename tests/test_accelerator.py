@@ -315,15 +315,29 @@ NESTED = {
     "outer.py": "import middle\n",
     "middle.py": "import inner\n",
     "inner.py": "import inspect\nprint('depth', len(inspect.stack()))\nraise KeyError('from inner')\n",
+    "plugin.py": "x = 1\n",
+    "again.py": (
+        "import builtins, inspect\nif getattr(builtins, 'loaded_once', False):\n"
+        "    print('depth', len(inspect.stack()))\n    raise KeyError('from inner')\nbuiltins.loaded_once = True\n"
+    ),
+}
+# How a program gets to a module body: the last four through a door of doors.py (a loader class's
+# exec_module once importlib.util has made a spec with it, runpy, importlib.reload).
+BODIES = {
+    "import": "import outer\n",
+    "import_module": "import importlib\nimportlib.import_module('outer')\n",
+    "after spec_from_file_location": (
+        "import importlib.util\nspec = importlib.util.spec_from_file_location('plugin', 'plugin.py')\n"
+        "importlib.util.module_from_spec(spec)\nimport outer\n"
+    ),
+    "run_path": "import runpy\nrunpy.run_path('outer.py')\n",
+    "run_module": "import runpy\nrunpy.run_module('outer')\n",
+    "reload": "import importlib, again\nimportlib.reload(again)\n",
 }
 
 
 @needs_accelerator
-@pytest.mark.parametrize(
-    "main",
-    ["import outer\n", "import importlib\nimportlib.import_module('outer')\n"],
-    ids=["import", "import_module"],
-)
+@pytest.mark.parametrize("main", list(BODIES.values()), ids=list(BODIES))
 def test_with_the_accelerator_a_module_body_s_stack_and_traceback_are_plain_python_s(
     tmp_path: Path, main: str
 ) -> None:
@@ -337,10 +351,11 @@ def test_with_the_accelerator_a_module_body_s_stack_and_traceback_are_plain_pyth
         run = runs[name]
         assert (run.returncode, run.stdout) == (1, plain.stdout), name
         assert _ours_removed(run.stderr) == plain.stderr, name
-    # The pure-Python hook adds one frame per import in flight (three here), named as importlib's own.
-    pure = _runner(tmp_path, **PURE)
-    plain_depth = int(plain.stdout.split()[1])
-    assert pure.stdout == f"depth {plain_depth + 3}\n", pure.stderr
+    if main in (BODIES["import"], BODIES["import_module"]):
+        # The pure-Python hook adds one frame per import in flight (three here), named as importlib's own.
+        pure = _runner(tmp_path, **PURE)
+        plain_depth = int(plain.stdout.split()[1])
+        assert pure.stdout == f"depth {plain_depth + 3}\n", pure.stderr
 
 
 @needs_accelerator
@@ -353,6 +368,53 @@ def test_with_the_accelerator_nested_imports_reach_as_deep_as_under_plain_python
         assert (runs[name].returncode, runs[name].stdout) == (0, plain.stdout), (name, runs[name].stderr)
     pure = _runner(tmp_path, **PURE)
     assert pure.returncode == 0 and int(pure.stdout) < int(plain.stdout), pure.stderr
+
+
+@needs_accelerator
+def test_a_door_calls_enter_and_leave_around_the_function_and_passes_its_outcome_through() -> None:
+    from importwatch.tracing import _speedups
+
+    seen: list = []
+
+    def original(*args, **kwargs):
+        seen.append(("original", args, kwargs))
+        if kwargs.get("fail"):
+            raise KeyError("from the function")
+        return "result"
+
+    def enter(*args, **kwargs):
+        seen.append(("enter", args, kwargs))
+        return None if kwargs.get("plain") else "token"
+
+    def leave(token, error):
+        seen.append(("leave", token, type(error).__name__))
+        if isinstance(error, KeyError) and error.args == ("leave fails",):
+            raise RuntimeError("from leave")
+
+    door = _speedups.door(original, enter, leave, None)
+    assert door(1, x=2) == "result"
+    assert seen == [("enter", (1,), {"x": 2}), ("original", (1,), {"x": 2}), ("leave", "token", "NoneType")]
+    seen.clear()
+    assert door(plain=True) == "result" and [step[0] for step in seen] == ["enter", "original"]
+    seen.clear()
+    with pytest.raises(KeyError, match="from the function") as failed:
+        door(fail=True)
+    assert seen[-1] == ("leave", "token", "KeyError") and failed.value.__traceback__ is not None
+
+    def failing(*args):
+        raise KeyError("leave fails")
+
+    with pytest.raises(RuntimeError, match="from leave") as ours:
+        _speedups.door(failing, enter, leave, None)()
+    assert isinstance(ours.value.__context__, KeyError)  # as from a finally clause
+
+    class Loader:
+        exec_module = door
+
+    seen.clear()
+    loader = Loader()
+    assert loader.exec_module("module") == "result" and seen[1] == ("original", (loader, "module"), {})
+    assert Loader.exec_module is door  # read from the class, not bound
 
 
 # -- the watchdog reads the chain the C hook keeps -----------------------------------------------

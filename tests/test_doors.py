@@ -4,6 +4,7 @@ threads."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
@@ -361,3 +362,103 @@ def test_blocked_read_of_stdin_is_named_stdin(tmp_path: Path) -> None:
             proc.wait(30)
     main = next(line for line in stderr.read_text().splitlines() if "outside: MainThread (tid" in line)
     assert "in read on stdin (fd 0): a pipe" in main, main
+
+
+# -- what the wrapped functions look like to the program ------------------------------------------
+WRAPPED_LOOK = """\
+import importlib, importlib.util, importlib.machinery, inspect, runpy, sys
+import _frozen_importlib as bootstrap, _frozen_importlib_external as external
+
+spec = importlib.util.spec_from_file_location("plugin", "plugin.py")  # wraps its loader's class
+module = importlib.util.module_from_spec(spec)
+sys.modules["plugin"] = module
+spec.loader.exec_module(module)
+importlib.reload(module)
+runpy.run_path("plugin.py")
+runpy.run_module("plugin")
+importlib.util.LazyLoader(spec.loader)
+import _csv  # a native load through ExtensionFileLoader.create_module
+for function, home in (
+    (bootstrap._lock_unlock_module, bootstrap),
+    (importlib.machinery.ExtensionFileLoader.create_module, external),
+    (importlib.util.spec_from_file_location, external),
+    (importlib.util.module_from_spec, bootstrap),
+    (importlib.util.LazyLoader.exec_module, importlib.util),
+    (type(spec.loader).exec_module, external),
+    (importlib.reload, importlib),
+    (runpy.run_path, runpy),
+    (runpy.run_module, runpy),
+):
+    print(function.__module__, function.__name__, function.__qualname__, function.__globals__ is vars(home),
+          inspect.signature(function), bool(function.__doc__))
+# CPython's own test of spec_from_file_location reads its globals (test_importlib/test_spec.py).
+print(importlib.util.spec_from_file_location.__globals__["SourceFileLoader"] is importlib.machinery.SourceFileLoader)
+"""
+
+
+def test_each_function_a_door_wraps_looks_to_the_program_as_under_plain_python(tmp_path: Path) -> None:
+    _files(tmp_path, {"plugin.py": "x = 1\n", "main.py": WRAPPED_LOOK})
+    quiet = {"IMPORTWATCH_STDERR": "stalls"}
+    seen = {}
+    for name, command, env in (
+        ("plain", [sys.executable, "main.py"], clean_env()),
+        ("runner", traced("--stderr", "stalls", "main.py"), clean_env()),
+        ("IMPORTWATCH=1", [sys.executable, "main.py"], clean_env(IMPORTWATCH="1", **quiet)),
+        ("pure", [sys.executable, "main.py"], clean_env(IMPORTWATCH="1", IMPORTWATCH_PURE="1", **quiet)),
+    ):
+        run = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+        assert run.returncode == 0, (name, run.stderr)
+        seen[name] = re.sub(r" at 0x[0-9a-f]+", " at 0x", run.stdout)  # a default's repr: an address
+    assert seen["plain"].endswith("True\n") and seen["plain"].count("\n") == 10, seen["plain"]
+    assert all(output == seen["plain"] for output in seen.values()), seen
+
+
+@pytest.mark.parametrize("pure", ["0", "1"], ids=["C", "pure"])
+def test_a_wrapper_under_the_globals_of_the_function_it_stands_for_reads_none_of_its_own(
+    tmp_path: Path, pure: str
+) -> None:
+    # Each Python wrapper reads only its closure and builtins: a global of ours would be looked up in the
+    # module of the function it stands for. (The C accelerator's doors are no functions: no globals.)
+    code = WRAPPED_LOOK.split("for function, home in", 1)[0] + (
+        "import builtins, dis, types\n"
+        "for function in (bootstrap._lock_unlock_module, importlib.machinery.ExtensionFileLoader.create_module,\n"
+        "                 importlib.util.spec_from_file_location, importlib.util.module_from_spec,\n"
+        "                 importlib.util.LazyLoader.exec_module, type(spec.loader).exec_module,\n"
+        "                 importlib.reload, runpy.run_path, runpy.run_module):\n"
+        "    assert hasattr(function, '__wrapped__'), function\n"
+        "    if not isinstance(function, types.FunctionType):\n"
+        "        print(function.__qualname__, 'C')\n"
+        "        continue\n"
+        "    loaded = {i.argval for i in dis.get_instructions(function) if i.opname == 'LOAD_GLOBAL'}\n"
+        "    print(function.__qualname__, sorted(name for name in loaded if not hasattr(builtins, name)))\n"
+    )
+    _files(tmp_path, {"plugin.py": "x = 1\n", "main.py": code})
+    run = subprocess.run(
+        [sys.executable, "main.py"], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+        env=clean_env(IMPORTWATCH="1", IMPORTWATCH_STDERR="stalls", IMPORTWATCH_PURE=pure),
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    assert len(lines) == 9 and all(line.endswith((" []", " C")) for line in lines), run.stdout
+    functions = sum(line.endswith(" []") for line in lines)  # spec_from_file_location's, create_module's
+    assert functions == 9 if pure == "1" else functions == 2, run.stdout
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("test.test_importlib") is None, reason="CPython's tests are not installed"
+)
+def test_cpython_s_own_tests_of_importlib_util_pass_traced(tmp_path: Path) -> None:
+    command = [
+        sys.executable,
+        "-m",
+        "unittest",
+        "-q",
+        "test.test_importlib.test_spec",
+        "test.test_importlib.test_util",
+    ]
+    for name, env in (
+        ("plain", clean_env()),
+        ("IMPORTWATCH=1", clean_env(IMPORTWATCH="1", IMPORTWATCH_STDERR="stalls")),
+    ):
+        run = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+        assert run.returncode == 0, (name, run.stderr[-3000:])

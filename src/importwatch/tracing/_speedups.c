@@ -118,6 +118,7 @@ static int counted_setattro(PyObject *object, PyObject *name, PyObject *value); 
 #include "_speedups_guards.h" /* guards_hold: our descriptors, looked at without the sink's check */
 #include "_speedups_spawn.h" /* spawn_detached: the watcher started by a thread of ours, without a copy of the program */
 #include "_speedups_cover.h" /* deadline_covered: a thread's first step within tracer.cover calls nothing */
+#include "_speedups_door.h" /* Door: doors.py's wrappers, no frame of theirs while the function runs */
 
 /* -- the hook -------------------------------------------------------------------------------- */
 static PyObject *call_original(Hook *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
@@ -530,6 +531,9 @@ static PyMethodDef methods[] = {
      "spawn_started(wait): the watcher's pid once spawn_detached has started it, None while it is under way "
      "(after waiting up to WAIT seconds); OSError where it failed."},
     {"child_subreaper", child_subreaper, METH_NOARGS, "child_subreaper(): whether this process adopts orphans."},
+    {"door", make_door, METH_VARARGS,
+     "door(original, enter, leave, stacks): ORIGINAL with ENTER and LEAVE around it and no frame of its own "
+     "while it runs (doors.py's _door); STACKS, the tracer's, for a loader's exec_module, else None."},
     {"lock_if_ours", lock_if_ours, METH_VARARGS,
      "lock_if_ours(fd, device, inode): flock(fd, LOCK_EX | LOCK_NB) where fd still refers to that device and "
      "inode; True once taken, False while another process holds it, None where fd is no longer that."},
@@ -556,7 +560,8 @@ PyMODINIT_FUNC PyInit__speedups(void) {
         return PyErr_NoMemory(); /* its one failure: ENOMEM */
     }
 #endif
-    if (PyType_Ready(&HookType) < 0 || PyType_Ready(&SharedMemoryType) < 0 || PyType_Ready(&CountedType) < 0) {
+    if (PyType_Ready(&HookType) < 0 || PyType_Ready(&SharedMemoryType) < 0 || PyType_Ready(&CountedType) < 0 ||
+        PyType_Ready(&DoorType) < 0) {
         return NULL;
     }
     PyObject *module = PyModule_Create(&module_def);

@@ -28,11 +28,16 @@ import os
 import sys
 
 from importwatch.events import IMPORT, IMPORT_END
+from importwatch.tracing.accelerator import ACCELERATOR
 from importwatch.tracing.forklocks import forgotten_in_parent, note_locks_at_fork, owner_text
 from importwatch.tracing.hook import WAITING, FunctionType, TracedStep, as_importlib_frame
 from importwatch.tracing.sink import CLOCKS
 
 _OURS = ("importwatch.", "_importwatch_boot")  # the package itself is imported before tracing starts
+# Each wrapper put in the place of a function of importlib's or of a loader class carries that
+# function's globals (as_importlib_frame's STANDS_FOR), as a program reading the attribute finds them
+# under plain python. So a wrapper reads none of this module's globals: what it needs of them is bound
+# in its closure ("closure only" below).
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -90,7 +95,7 @@ class Doors:
             os.register_at_fork(before=note_locks_at_fork, after_in_parent=forgotten_in_parent)
         lock_unlock = getattr(_bootstrap, "_lock_unlock_module", None)
         if lock_unlock is not None:
-            self._replace(_bootstrap, "_lock_unlock_module", as_importlib_frame(self._make_wait(lock_unlock)))
+            self._replace(_bootstrap, "_lock_unlock_module", self._make_wait(lock_unlock))
         for name, wrap in self.arrivals().items():
             module = sys.modules.get(name)
             if module is not None:
@@ -110,54 +115,86 @@ class Doors:
         self._saved.append((owner, attribute, owner.__dict__[attribute]))
         setattr(owner, attribute, replacement)
 
-    # -- running one event ---------------------------------------------------------------
-    def _run(self, frame: DoorStep, function: Callable, *args: Any) -> Any:
-        """FUNCTION(*ARGS) as the event FRAME: its start line, then its end line however it ends.
+    # -- one event around a call ---------------------------------------------------------
+    def _door(self, original: Callable, enter: Callable, stacks: dict | None = None) -> Callable:
+        """ORIGINAL with ENTER called first: what ENTER returns (_begin's token) is ended by _end after
+        ORIGINAL, however it ends; None, and ORIGINAL is called as is. With the C accelerator a Door, no
+        frame of ours on the stack while ORIGINAL runs (with STACKS, a loader's exec_module, it also
+        reads in C whether the call is an import's own: see _speedups_door.h); else a function under
+        importlib's name, one frame. Either looks to the program as ORIGINAL does: its globals, names,
+        docstring, and __wrapped__ for its signature. ENTER reads no global of this module's."""
+        enter.__qualname__ = getattr(original, "__qualname__", enter.__qualname__)  # its TypeError's words
+        entered = as_importlib_frame(enter)
+        leave = self._end
+        make = getattr(ACCELERATOR, "door", None)
+        if make is None:
 
-        Never for a module of ours: Tracer.import_own passes the hook by, but a loader class wrapped
+            def door(*args: Any, **kwargs: Any) -> Any:
+                token = entered(*args, **kwargs)
+                if token is None:
+                    return original(*args, **kwargs)
+                try:
+                    result = original(*args, **kwargs)
+                except BaseException as error:
+                    leave(token, error)
+                    raise
+                leave(token, None)
+                return result
+
+            return as_importlib_frame(door, getattr(original, "__name__", None), stands_for=original)
+        made = make(original, entered, leave, stacks)
+        for attribute in ("__module__", "__name__", "__qualname__", "__doc__", "__globals__"):
+            if hasattr(original, attribute):
+                setattr(made, attribute, getattr(original, attribute))
+        made.__wrapped__ = original
+        return made
+
+    def _begin(self, frame: DoorStep) -> tuple[DoorStep, str | None, int] | None:
+        """The event FRAME put in flight and its start line written: what _end needs.
+
+        Never for a module of ours (None): Tracer.import_own passes the hook by, but a loader class wrapped
         here (pytest's assertion rewriter, which `-p importwatch` puts on our package) still runs its body.
         """
         if frame.name.startswith(_OURS):
-            return function(*args)
+            return None
         tracer = self.tracer
-        sink = tracer.sink
         stack, fresh = tracer.thread_stack()
-        parent = stack[-1].name if stack else None
-        depth = len(stack)
+        token = (frame, stack[-1].name if stack else None, len(stack))
         stack.append(frame)
-        failure = None
         try:  # from the push on: whatever fails, ours or the program's, the step is popped
             if fresh and tracer.on_deadline is not None:
                 tracer.on_deadline(None)
-            fields = {"name": frame.name, "parent": parent}
+            fields = {"name": frame.name, "parent": token[1]}
             if frame.owner is not None:
-                fields["waits_for"] = owner_text(frame.name, frame.owner, sink.thread_name)
+                fields["waits_for"] = owner_text(frame.name, frame.owner, tracer.sink.thread_name)
             if frame.origin is not None:
                 fields["origin"] = frame.origin
-            tracer.write(IMPORT, fields, depth)
-            return function(*args)
+            tracer.write(IMPORT, fields, token[2])
         except BaseException as error:
-            failure = f"{type(error).__name__}: {error}"
+            self._end(token, error)
             raise
-        finally:
-            now = tracer.pop(frame)
-            ms = (now - frame.start) * 1000.0
-            fields = {"name": frame.name, "parent": parent, "ms": ms}
-            if failure is not None:
-                fields["error"] = failure
-            tracer.write(IMPORT_END, fields, depth)
+        return token
+
+    def _end(self, token: tuple[DoorStep, str | None, int], error: BaseException | None) -> None:
+        """The event of TOKEN (_begin's) ended, by ERROR if not None: popped, its end line written."""
+        frame, parent, depth = token
+        now = self.tracer.pop(frame)
+        fields = {"name": frame.name, "parent": parent, "ms": (now - frame.start) * 1000.0}
+        if error is not None:
+            fields["error"] = f"{type(error).__name__}: {error}"
+        self.tracer.write(IMPORT_END, fields, depth)
 
     # -- waits for a module still initialising ---------------------------------------------
     def _make_wait(self, original: Callable) -> Callable:
-        doors = self
+        begin, lock_owner, step, clocks = self._begin, _lock_owner, DoorStep, CLOCKS  # closure only
 
         def _lock_unlock_module(name: str) -> Any:
-            owner = _lock_owner(name)
+            owner = lock_owner(name)
             if owner is None:  # free, or ours (a circular import): no wait
-                return original(name)
-            return doors._run(DoorStep(name, CLOCKS.monotonic(), owner=owner), original, name)
+                return None
+            return begin(step(name, clocks.monotonic(), owner=owner))
 
-        return _lock_unlock_module
+        return self._door(original, _lock_unlock_module)
 
     # -- module bodies run by a loader --------------------------------------------------------
     def _wrap_exec_module(self, klass: type) -> None:
@@ -170,27 +207,25 @@ class Doors:
             return  # a static or class method, or one in C: left alone
         stacks = self.tracer.stacks
         get_ident = _thread.get_ident
-        doors = self
+        begin, step, clocks = self._begin, DoorStep, CLOCKS  # closure only
 
         def exec_module(loader: Any, module: Any) -> Any:
-            # An import statement's own call: its event is on top. A plain attribute read is the
-            # cheapest test (70 ns a call against 300 for ModuleType.__getattribute__); a lazy
-            # module answers it as it runs its body, without starting it again.
+            # An import statement's own call: its event is on top (the C Door reads this itself). A
+            # plain attribute read is the cheapest test (70 ns a call against 300 for
+            # ModuleType.__getattribute__); a lazy module answers it as it runs its body, without
+            # starting it again.
             try:
                 name = module.__name__
             except AttributeError:  # not a module: the loader's own error, untouched
-                return original(loader, module)
+                return None
             stack = stacks.get(get_ident())
-            if stack and stack[-1].name == name:  # inside the import of this very module
-                return original(loader, module)
-            if not isinstance(name, str):
-                return original(loader, module)
+            if (stack and stack[-1].name == name) or not isinstance(name, str):
+                return None  # inside the import of this very module
             origin = getattr(getattr(module, "__spec__", None), "origin", None)
-            frame = DoorStep(name, CLOCKS.monotonic(), origin=origin if isinstance(origin, str) else None)
-            return doors._run(frame, original, loader, module)
+            return begin(step(name, clocks.monotonic(), origin=origin if isinstance(origin, str) else None))
 
         try:
-            self._replace(klass, "exec_module", as_importlib_frame(exec_module))
+            self._replace(klass, "exec_module", self._door(original, exec_module, stacks))
         except (TypeError, AttributeError):
             pass  # a class that cannot be changed
 
@@ -202,7 +237,7 @@ class Doors:
         class of the loader it holds, whose exec_module runs the body when the module's
         first attribute is touched. An import that uses none of them costs nothing more.
         """
-        doors = self
+        wrap_loader = self._wrap_loader
         lazy = getattr(util, "LazyLoader", None)
 
         def loader_of(spec: Any) -> None:
@@ -210,59 +245,57 @@ class Doors:
             if lazy is not None and isinstance(loader, lazy):
                 loader = getattr(loader, "loader", None)
             if loader is not None:
-                doors._wrap_loader(type(loader))
+                wrap_loader(type(loader))
 
-        def module_from_spec(spec: Any) -> Any:
-            module = original_module_from_spec(spec)
+        def module_from_spec(spec: Any) -> None:
             loader_of(spec)
-            return module
+
+        original_spec_from_file_location = getattr(util, "spec_from_file_location", None)
 
         def spec_from_file_location(*args: Any, **kwargs: Any) -> Any:
+            # The spec is what it returns: a wrapper of its own, whose frame is on the stack only while
+            # the spec is made (no module body runs there).
             spec = original_spec_from_file_location(*args, **kwargs)
             loader_of(spec)
             return spec
 
-        original_module_from_spec = getattr(util, "module_from_spec", None)
-        original_spec_from_file_location = getattr(util, "spec_from_file_location", None)
-        for name, wrapper in (
-            ("module_from_spec", module_from_spec),
-            ("spec_from_file_location", spec_from_file_location),
-        ):
-            self._wrap_function(util, name, wrapper)
+        self._wrap_function(util, "module_from_spec", module_from_spec)
+        original = util.__dict__.get("spec_from_file_location")
+        if original is not None and not getattr(original, "_importwatch", False):
+            traced = as_importlib_frame(
+                spec_from_file_location, "spec_from_file_location", stands_for=original
+            )
+            traced._importwatch = True  # type: ignore[attr-defined]
+            self._replace(util, "spec_from_file_location", traced)
         original_lazy = vars(lazy).get("exec_module") if lazy is not None else None
         if original_lazy is not None and not getattr(original_lazy, "_importwatch", False):
 
-            def exec_module(loader: Any, module: Any) -> Any:
-                doors._wrap_loader(type(getattr(loader, "loader", None)))
-                return original_lazy(loader, module)
+            def exec_module(loader: Any, module: Any) -> None:
+                wrap_loader(type(getattr(loader, "loader", None)))
 
-            traced = as_importlib_frame(exec_module)
+            traced = self._door(original_lazy, exec_module)
             traced._importwatch = True  # type: ignore[attr-defined]
             self._replace(lazy, "exec_module", traced)
 
-    def _wrap_function(self, owner: Any, name: str, wrapper: Callable) -> None:
-        """Replace OWNER.NAME by WRAPPER, once, with the original's name and docstring."""
+    def _wrap_function(self, owner: Any, name: str, enter: Callable) -> None:
+        """Replace OWNER.NAME, once, by a door (_door) with ENTER before it."""
         original = owner.__dict__.get(name)
         if original is None or getattr(original, "_importwatch", False):
             return
-        traced = as_importlib_frame(wrapper, name)
-        traced.__doc__ = getattr(original, "__doc__", None)
-        traced.__name__ = traced.__qualname__ = name
+        traced = self._door(original, enter)
         traced._importwatch = True  # type: ignore[attr-defined]
         self._replace(owner, name, traced)
 
     def _wrap_reload(self, importlib: Any) -> None:
         """importlib.reload runs a module's body again: an event named by the module."""
-        original = importlib.__dict__.get("reload")
-        doors = self
+        begin, step, clocks = self._begin, DoorStep, CLOCKS  # closure only
 
         def reload(module: Any) -> Any:
             name = getattr(module, "__name__", None)
             if not isinstance(name, str):
-                return original(module)  # not a module: reload's own error, untouched
+                return None  # not a module: reload's own error, untouched
             origin = getattr(getattr(module, "__spec__", None), "origin", None)
-            frame = DoorStep(name, CLOCKS.monotonic(), origin=origin if isinstance(origin, str) else None)
-            return doors._run(frame, original, module)
+            return begin(step(name, clocks.monotonic(), origin=origin if isinstance(origin, str) else None))
 
         self._wrap_function(importlib, "reload", reload)
 
@@ -275,25 +308,22 @@ class Doors:
 
     def _wrap_runpy(self, runpy: Any) -> None:
         """runpy.run_path and run_module (not python -m's own path): the code they run is an event."""
-        doors = self
-        run_path = runpy.__dict__.get("run_path")
-        run_module = runpy.__dict__.get("run_module")
+        begin, step, clocks = self._begin, DoorStep, CLOCKS  # closure only
 
-        def traced_run_path(path_name: Any, init_globals: Any = None, run_name: Any = None) -> Any:
+        def run_path(path_name: Any, init_globals: Any = None, run_name: Any = None) -> Any:
             name = run_name if isinstance(run_name, str) else "<run_path>"
             origin = path_name if isinstance(path_name, str) else repr(path_name)
-            frame = DoorStep(name, CLOCKS.monotonic(), origin=origin)
-            return doors._run(frame, run_path, path_name, init_globals, run_name)
+            return begin(step(name, clocks.monotonic(), origin=origin))
 
-        def traced_run_module(
+        def run_module(
             mod_name: Any, init_globals: Any = None, run_name: Any = None, alter_sys: Any = False
         ) -> Any:
-            frame = DoorStep(str(mod_name), CLOCKS.monotonic())
-            return doors._run(frame, run_module, mod_name, init_globals, run_name, alter_sys)
+            return begin(step(str(mod_name), clocks.monotonic()))
 
-        self._wrap_function(runpy, "run_path", traced_run_path)
-        self._wrap_function(runpy, "run_module", traced_run_module)
+        self._wrap_function(runpy, "run_path", run_path)
+        self._wrap_function(runpy, "run_module", run_module)
 
 
 # Our frames under importlib's file name, as hook.py files its own (tracebacks read as without us).
-Doors._run = as_importlib_frame(Doors._run)  # type: ignore[method-assign]
+Doors._begin = as_importlib_frame(Doors._begin)  # type: ignore[method-assign]
+Doors._end = as_importlib_frame(Doors._end)  # type: ignore[method-assign]

@@ -128,20 +128,34 @@ def lock_owner(ident: int, name: str) -> int | None:
     return None
 
 
-def as_importlib_frame(function: Callable, name: str | None = None) -> Callable:
+def as_importlib_frame(function: Callable, name: str | None = None, stands_for: Any = None) -> Callable:
     """The same function, its frames filed under importlib's own file name.
 
     CPython strips importlib's frames from the traceback of a failed import
     (import.c, remove_importlib_frames), matching on the code's file name. Our
     wrapper sits between them; under importlib's name it is stripped with them,
     so tracebacks read exactly as they do without importwatch.
+
+    STANDS_FOR: the function the clone takes the place of (importlib.util's, a loader's
+    exec_module). The clone gets its globals, names, module and docstring, as a program
+    reading the attribute finds them under plain python (CPython's own tests read
+    spec_from_file_location.__globals__), and __wrapped__, so that inspect.signature gives
+    the original's. FUNCTION must then read no global of its module: only its closure and
+    builtins (tests/test_doors.py holds every such wrapper to it).
     """
     code = function.__code__
     code = code.replace(co_filename=IMPORTLIB_FILENAME, co_name=code.co_name if name is None else name)
-    clone = FunctionType(
-        code, function.__globals__, function.__name__, function.__defaults__, function.__closure__
-    )
+    namespace = getattr(stands_for, "__globals__", None)
+    if not isinstance(namespace, dict):
+        namespace, stands_for = function.__globals__, None
+    clone = FunctionType(code, namespace, function.__name__, function.__defaults__, function.__closure__)
     clone.__qualname__ = function.__qualname__
+    if stands_for is not None:
+        for attribute in ("__module__", "__name__", "__qualname__", "__doc__"):
+            value = getattr(stands_for, attribute, None)
+            if value is None or isinstance(value, str):
+                setattr(clone, attribute, value)
+        clone.__wrapped__ = stands_for  # type: ignore[attr-defined]
     return clone
 
 

@@ -81,8 +81,10 @@ class NativeLoads:
             def create_module(loader: Any, spec: Any) -> Any:
                 return loads.load(original, (loader, spec), spec.origin, spec.name)
 
-            create_module.__qualname__ = "ExtensionFileLoader.create_module"
-            _external.ExtensionFileLoader.create_module = as_importlib_frame(create_module)
+            # Under create_module's own globals (its frame reads only its closure): see as_importlib_frame.
+            _external.ExtensionFileLoader.create_module = as_importlib_frame(
+                create_module, stands_for=original
+            )
         ctypes = sys.modules.get("ctypes")
         if ctypes is not None:
             self.wrap_ctypes(ctypes)
