@@ -291,6 +291,43 @@ def test_the_first_cuda_initialisation_is_a_step(tmp_path: Path) -> None:
         assert steps[1].error is not None
 
 
+FAILING_STEPS = {
+    "cuda": "import torch\ntorch.zeros(1).cuda()\n",  # a CPU build: torch's own AssertionError
+    "rendezvous": (
+        "import torch.distributed as dist\ndist.init_process_group('gloo', init_method='env://')\n"
+    ),  # no MASTER_ADDR: torch's own ValueError
+}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.torch
+@skip_without_torch
+@pytest.mark.parametrize("step", list(FAILING_STEPS))
+def test_a_failing_step_s_traceback_reads_as_under_plain_python(tmp_path: Path, step: str) -> None:
+    # The step is a door (hook.door): with the C accelerator no frame of ours lies below torch's.
+    from importwatch.tracing.accelerator import ACCELERATOR
+
+    if ACCELERATOR is None:
+        pytest.skip("the pure-Python twin adds a frame of its own (README)")
+    (tmp_path / "main.py").write_text(FAILING_STEPS[step])
+    log = tmp_path / "job.log"
+    env = clean_env(RANK="0", WORLD_SIZE="1")
+    runs = {
+        name: subprocess.run(
+            command, cwd=tmp_path, env=clean_env(**env, **extra), capture_output=True, text=True, timeout=90
+        )
+        for name, command, extra in (
+            ("plain", [sys.executable, "main.py"], {}),
+            ("IMPORTWATCH=1", [sys.executable, "main.py"], {"IMPORTWATCH": "1", "IMPORTWATCH_LOG": str(log)}),
+        )
+    }
+    tracebacks = {name: run.stderr[run.stderr.index("Traceback") :] for name, run in runs.items()}
+    assert tracebacks["IMPORTWATCH=1"] == tracebacks["plain"], tracebacks
+    ends = [event for event in read_events(log) if event.kind == "step_end"]
+    assert len(ends) == 1 and ends[0].error is not None, ends
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(60)
 @pytest.mark.torch

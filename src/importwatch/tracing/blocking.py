@@ -22,6 +22,7 @@ import sys
 from importwatch.events import SIGNAL  # loaded at start-up, by the Sink
 from importwatch.masking import mask_environment
 from importwatch.tracing import threads
+from importwatch.tracing.hook import door
 from importwatch.tracing.sink import CLOCKS
 
 TYPE_CHECKING = False
@@ -73,28 +74,25 @@ class BlockingSteps:
                 setattr(module, attribute, original)
         self._wrapped.clear()
 
-    def _replace(self, module: Any, attribute: str, wrapper: Callable, original: Callable) -> None:
-        for name in ("__module__", "__name__", "__qualname__", "__doc__"):
-            setattr(wrapper, name, getattr(original, name, None))
-        wrapper.__wrapped__ = original  # type: ignore[attr-defined]
-        setattr(wrapper, _MARK, original)
-        setattr(module, attribute, wrapper)
+    def _replace(
+        self, module: Any, attribute: str, enter: Callable, original: Callable, leave: Callable | None = None
+    ) -> Callable:
+        """MODULE.ATTRIBUTE, ORIGINAL, made a door (hook.door) with ENTER before it: what ENTER returns
+        (begin's token, or None to call ORIGINAL as is) is ended by LEAVE (end_step) after ORIGINAL. With
+        the C accelerator no frame of ours is below ORIGINAL: the traceback of a CUDA initialisation that
+        fails, or of a rendezvous that times out, reads as under plain python."""
+        made = door(original, enter, leave or self.tracer.end_step, importing=False)
+        setattr(made, _MARK, original)
+        setattr(module, attribute, made)
         self._wrapped.append((module, attribute, original))
+        return made
 
-    # -- running one step ---------------------------------------------------------
-    def run(
-        self,
-        name: str,
-        detail: str,
-        problems: list[str],
-        context: Callable[[], list[str]] | None,
-        function: Callable,
-        args: tuple,
-        kwargs: dict,
-    ) -> Any:
-        """FUNCTION(*ARGS, **KWARGS) as the step NAME: start line and problems first, then the end line."""
-        fields = {"name": name, "detail": detail}
-        return self.tracer.run_step(f"step {name}", fields, function, args, kwargs, context, problems)
+    # -- one step ---------------------------------------------------------
+    def begin(
+        self, name: str, detail: str, problems: list[str], context: Callable[[], list[str]] | None
+    ) -> tuple:
+        """The step NAME begun: its start line, then PROBLEMS as verdicts; what tracer.end_step needs."""
+        return self.tracer.begin_step(f"step {name}", {"name": name, "detail": detail}, context, problems)
 
     # -- multiprocessing's terminate and kill -------------------------------------------
     def _wrap_popen_fork(self, module: Any) -> None:
@@ -117,10 +115,9 @@ class BlockingSteps:
             pid, name = sent[0], signal_name(sent[1], unknown="{}")
             sink.event(SIGNAL, {"signal": name, "child": pid, "via": "multiprocessing"})
 
-        def _send_signal(self: Any, sig: int) -> Any:
+        def _send_signal(self: Any, sig: int) -> None:
             if self.returncode is None:  # as the original: a child already reaped is not signalled
                 safely(note, (self.pid, sig))
-            return original(self, sig)
 
         self._replace(popen, "_send_signal", _send_signal, original)
 
@@ -150,20 +147,17 @@ class BlockingSteps:
             detail = f"backend={backend} {rendezvous.describe()}"
             if call.get("timeout") is not None:
                 detail += f" timeout={call['timeout']}"
-            return steps.run(
+            return steps.begin(
                 "torch.distributed.init_process_group",
                 detail,
                 rendezvous.problems,
                 lambda: rendezvous.context(steps._socket),
-                original,
-                args,
-                kwargs,
             )
 
-        self._replace(c10d, "init_process_group", init_process_group, original)
+        made = self._replace(c10d, "init_process_group", init_process_group, original)
         package = sys.modules.get("torch.distributed")  # imported before us: its copy of the name
         if package is not None and getattr(package, "init_process_group", None) is original:
-            package.init_process_group = init_process_group
+            package.init_process_group = made
             self._wrapped.append((package, "init_process_group", original))
 
     # -- the first CUDA initialisation ------------------------------------------------
@@ -172,34 +166,38 @@ class BlockingSteps:
         if original is None or hasattr(original, _MARK):
             return
         steps = self
+        end_step = self.tracer.end_step
+        made: list[Callable] = []
 
         def _lazy_init() -> Any:
             # Called before most CUDA calls: once CUDA is up (or while it comes up), go straight through.
             if getattr(cuda, "_initialized", False) or hasattr(
                 getattr(cuda, "_tls", None), "is_initializing"
             ):
-                return original()
+                return None
             variables = {
                 name: value for name, value in os.environ.items() if name.startswith(("CUDA_", "NVIDIA_"))
             }
             variables = mask_environment(variables)
             shown = " ".join(f"{name}={value}" for name, value in sorted(variables.items()))
             detail = "(first CUDA initialisation) " + (shown or "CUDA_VISIBLE_DEVICES not set")
-            result = steps.run("torch.cuda._lazy_init", detail, [], _cuda_context, original, (), {})
-            if getattr(cuda, "_initialized", False) and getattr(cuda, "_lazy_init", None) is _lazy_init:
-                cuda._lazy_init = original  # initialised for good: later calls cost nothing
-            return result
+            return steps.begin("torch.cuda._lazy_init", detail, [], _cuda_context)
 
-        self._replace(cuda, "_lazy_init", _lazy_init, original)
+        def ended(token: tuple, error: BaseException | None) -> None:
+            end_step(token, error)
+            if getattr(cuda, "_initialized", False) and getattr(cuda, "_lazy_init", None) is made[0]:
+                cuda._lazy_init = original  # initialised for good: later calls cost nothing
+
+        made.append(self._replace(cuda, "_lazy_init", _lazy_init, original, ended))
 
     # -- torch.utils.cpp_extension.load ----------------------------------------------------
     def _wrap_cpp_extension(self, module: Any) -> None:
         for attribute in ("load", "load_inline"):
             original = getattr(module, attribute, None)
             if original is not None and not hasattr(original, _MARK):
-                self._replace(module, attribute, self._build_wrapper(module, attribute, original), original)
+                self._replace(module, attribute, self._build_enter(module, attribute, original), original)
 
-    def _build_wrapper(self, module: Any, attribute: str, original: Callable) -> Callable:
+    def _build_enter(self, module: Any, attribute: str, original: Callable) -> Callable:
         names = _parameters(original)
         steps = self
         step = f"torch.utils.cpp_extension.{attribute}"
@@ -209,7 +207,7 @@ class BlockingSteps:
             name = call.get("name")
             directory = call.get("build_directory") or _default_build_directory(module, name)
             if not directory:
-                return steps.run(step, f"name={name}", [], None, original, args, kwargs)
+                return steps.begin(step, f"name={name}", [], None)
             lock = os.path.abspath(os.path.join(str(directory), "lock"))
             problems = []
             age = file_age(lock)
@@ -218,14 +216,8 @@ class BlockingSteps:
                     f"lock file {lock} is {format_age(age)} old: torch waits until it is gone; "
                     "if no build of this extension is running, remove it"
                 )
-            return steps.run(
-                step,
-                f"name={name} build_directory={directory}",
-                problems,
-                lambda: lock_context(lock),
-                original,
-                args,
-                kwargs,
+            return steps.begin(
+                step, f"name={name} build_directory={directory}", problems, lambda: lock_context(lock)
             )
 
         return build

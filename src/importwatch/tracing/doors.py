@@ -28,9 +28,8 @@ import os
 import sys
 
 from importwatch.events import IMPORT, IMPORT_END
-from importwatch.tracing.accelerator import ACCELERATOR
 from importwatch.tracing.forklocks import forgotten_in_parent, note_locks_at_fork, owner_text
-from importwatch.tracing.hook import WAITING, FunctionType, TracedStep, as_importlib_frame
+from importwatch.tracing.hook import WAITING, FunctionType, TracedStep, as_importlib_frame, door
 from importwatch.tracing.sink import CLOCKS
 
 _OURS = ("importwatch.", "_importwatch_boot")  # the package itself is imported before tracing starts
@@ -117,37 +116,10 @@ class Doors:
 
     # -- one event around a call ---------------------------------------------------------
     def _door(self, original: Callable, enter: Callable, stacks: dict | None = None) -> Callable:
-        """ORIGINAL with ENTER called first: what ENTER returns (_begin's token) is ended by _end after
-        ORIGINAL, however it ends; None, and ORIGINAL is called as is. With the C accelerator a Door, no
-        frame of ours on the stack while ORIGINAL runs (with STACKS, a loader's exec_module, it also
-        reads in C whether the call is an import's own: see _speedups_door.h); else a function under
-        importlib's name, one frame. Either looks to the program as ORIGINAL does: its globals, names,
-        docstring, and __wrapped__ for its signature. ENTER reads no global of this module's."""
+        """ORIGINAL as a door (hook.door): ENTER (returning _begin's token, or None) before it, _end after.
+        ENTER reads no global of this module's (see the note at the top)."""
         enter.__qualname__ = getattr(original, "__qualname__", enter.__qualname__)  # its TypeError's words
-        entered = as_importlib_frame(enter)
-        leave = self._end
-        make = getattr(ACCELERATOR, "door", None)
-        if make is None:
-
-            def door(*args: Any, **kwargs: Any) -> Any:
-                token = entered(*args, **kwargs)
-                if token is None:
-                    return original(*args, **kwargs)
-                try:
-                    result = original(*args, **kwargs)
-                except BaseException as error:
-                    leave(token, error)
-                    raise
-                leave(token, None)
-                return result
-
-            return as_importlib_frame(door, getattr(original, "__name__", None), stands_for=original)
-        made = make(original, entered, leave, stacks)
-        for attribute in ("__module__", "__name__", "__qualname__", "__doc__", "__globals__"):
-            if hasattr(original, attribute):
-                setattr(made, attribute, getattr(original, attribute))
-        made.__wrapped__ = original
-        return made
+        return door(original, as_importlib_frame(enter), self._end, stacks)
 
     def _begin(self, frame: DoorStep) -> tuple[DoorStep, str | None, int] | None:
         """The event FRAME put in flight and its start line written: what _end needs.

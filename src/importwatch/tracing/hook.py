@@ -128,8 +128,10 @@ def lock_owner(ident: int, name: str) -> int | None:
     return None
 
 
-def as_importlib_frame(function: Callable, name: str | None = None, stands_for: Any = None) -> Callable:
-    """The same function, its frames filed under importlib's own file name.
+def as_importlib_frame(
+    function: Callable, name: str | None = None, stands_for: Any = None, importlib: bool = True
+) -> Callable:
+    """The same function, its frames filed under importlib's own file name (unless not IMPORTLIB).
 
     CPython strips importlib's frames from the traceback of a failed import
     (import.c, remove_importlib_frames), matching on the code's file name. Our
@@ -144,7 +146,8 @@ def as_importlib_frame(function: Callable, name: str | None = None, stands_for: 
     builtins (tests/test_doors.py holds every such wrapper to it).
     """
     code = function.__code__
-    code = code.replace(co_filename=IMPORTLIB_FILENAME, co_name=code.co_name if name is None else name)
+    filename = IMPORTLIB_FILENAME if importlib else code.co_filename
+    code = code.replace(co_filename=filename, co_name=code.co_name if name is None else name)
     namespace = getattr(stands_for, "__globals__", None)
     if not isinstance(namespace, dict):
         namespace, stands_for = function.__globals__, None
@@ -157,6 +160,47 @@ def as_importlib_frame(function: Callable, name: str | None = None, stands_for: 
                 setattr(clone, attribute, value)
         clone.__wrapped__ = stands_for  # type: ignore[attr-defined]
     return clone
+
+
+def door(
+    original: Callable, enter: Callable, leave: Callable, stacks: dict | None = None, importing: bool = True
+) -> Callable:
+    """ORIGINAL, in its place, with ENTER called before it (with its arguments) and LEAVE after it:
+    LEAVE(token, error) gets what ENTER returned and the exception that ended ORIGINAL (None if it
+    returned); where ENTER returns None, ORIGINAL is just called. The event of a door (doors.py) or a
+    blocking step (blocking.py) is begun in ENTER and ended in LEAVE.
+
+    With the C accelerator a Door (_speedups_door.h): nothing of ours is on the stack while ORIGINAL
+    runs, so a module body or an error raised in it reads as under plain python; with STACKS (the
+    tracer's, for a loader's exec_module) the call an import makes for its own module passes straight
+    through. Else a function, one frame: under importlib's name where ORIGINAL runs within an import
+    (IMPORTING), so that a failed import's traceback drops it; under ours elsewhere (a CUDA
+    initialisation), where nothing would. Either looks to the program as ORIGINAL does (its globals,
+    names, docstring, and __wrapped__ for its signature).
+    """
+    make = getattr(ACCELERATOR, "door", None)
+    if make is None:
+
+        def through(*args: Any, **kwargs: Any) -> Any:
+            token = enter(*args, **kwargs)
+            if token is None:
+                return original(*args, **kwargs)
+            try:
+                result = original(*args, **kwargs)
+            except BaseException as error:
+                leave(token, error)
+                raise
+            leave(token, None)
+            return result
+
+        name = getattr(original, "__name__", None)
+        return as_importlib_frame(through, name, stands_for=original, importlib=importing)
+    made = make(original, enter, leave, stacks)
+    for attribute in ("__module__", "__name__", "__qualname__", "__doc__", "__globals__"):
+        if hasattr(original, attribute):
+            setattr(made, attribute, getattr(original, attribute))
+    made.__wrapped__ = original
+    return made
 
 
 class Tracer:
@@ -407,6 +451,36 @@ class Tracer:
         self.on_start.pop(name, None)
         return _bootstrap._find_spec(name, None) is None
 
+    def begin_step(
+        self,
+        label: str,
+        fields: dict,
+        context: Callable[[], list[str]] | None = None,
+        problems: tuple[str, ...] | list[str] = (),
+    ) -> tuple[TracedStep, int, str]:
+        """A step begun (LABEL on a stall's chain): its start line with FIELDS (name, detail) and PROBLEMS
+        as verdicts; returns what end_step needs. Whatever fails from the push on, the step is ended."""
+        frame, depth = self.push(label, "step")
+        frame.context = context
+        token = (frame, depth, fields["name"])
+        try:
+            self.write(STEP, fields, depth)
+            for problem in problems:
+                self.write(VERDICT, {"verdict": f"{token[2]}: {problem}"}, 0)
+        except BaseException as error:
+            self.end_step(token, error)
+            raise
+        return token
+
+    def end_step(self, token: tuple[TracedStep, int, str], error: BaseException | None) -> None:
+        """The step of TOKEN (begin_step's) ended, by ERROR if not None: popped, its end line written."""
+        frame, depth, name = token
+        now = self.pop(frame)
+        fields: dict = {"name": name, "ms": (now - frame.start) * 1000.0}
+        if error is not None:
+            fields["error"] = f"{type(error).__name__}: {error}"
+        self.write(STEP_END, fields, depth)
+
     def run_step(
         self,
         label: str,
@@ -417,24 +491,15 @@ class Tracer:
         context: Callable[[], list[str]] | None = None,
         problems: tuple[str, ...] | list[str] = (),
     ) -> Any:
-        """FUNCTION(*ARGS, **KWARGS) as a step (LABEL on a stall's chain): its start line with FIELDS
-        (name, detail), PROBLEMS as verdicts, then its end line, with the error if it raised. Whatever
-        fails from the push on, ours or the step's, the step is popped (blocking steps, .pth lines)."""
-        frame, depth = self.push(label, "step")
-        frame.context = context
-        name = fields["name"]
+        """FUNCTION(*ARGS, **KWARGS) as a step (begin_step, end_step): .pth lines and phases, whose
+        caller is ours."""
+        token = self.begin_step(label, fields, context, problems)
         try:
-            self.write(STEP, fields, depth)
-            for problem in problems:
-                self.write(VERDICT, {"verdict": f"{name}: {problem}"}, 0)
             result = function(*args, **(kwargs or {}))
         except BaseException as error:
-            now = self.pop(frame)
-            ms = (now - frame.start) * 1000.0
-            self.write(STEP_END, {"name": name, "ms": ms, "error": f"{type(error).__name__}: {error}"}, depth)
+            self.end_step(token, error)
             raise
-        now = self.pop(frame)
-        self.write(STEP_END, {"name": name, "ms": (now - frame.start) * 1000.0}, depth)
+        self.end_step(token, None)
         return result
 
     def write(self, kind: str, fields: dict, depth: int) -> None:
