@@ -149,14 +149,14 @@ def as_importlib_frame(
     filename = IMPORTLIB_FILENAME if importlib else code.co_filename
     code = code.replace(co_filename=filename, co_name=code.co_name if name is None else name)
     namespace = getattr(stands_for, "__globals__", None)
-    if not isinstance(namespace, dict):
-        namespace, stands_for = function.__globals__, None
+    if not isinstance(namespace, dict):  # not a function: its names, if any, but our globals
+        namespace = function.__globals__
     clone = FunctionType(code, namespace, function.__name__, function.__defaults__, function.__closure__)
     clone.__qualname__ = function.__qualname__
     if stands_for is not None:
         for attribute in ("__module__", "__name__", "__qualname__", "__doc__"):
             value = getattr(stands_for, attribute, None)
-            if value is None or isinstance(value, str):
+            if isinstance(value, str) or (value is None and attribute in ("__module__", "__doc__")):
                 setattr(clone, attribute, value)
         clone.__wrapped__ = stands_for  # type: ignore[attr-defined]
     return clone
