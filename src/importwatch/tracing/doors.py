@@ -33,10 +33,10 @@ from importwatch.tracing.hook import WAITING, FunctionType, TracedStep, as_impor
 from importwatch.tracing.sink import CLOCKS
 
 _OURS = ("importwatch.", "_importwatch_boot")  # the package itself is imported before tracing starts
-# Each wrapper put in the place of a function of importlib's or of a loader class carries that
-# function's globals (as_importlib_frame's STANDS_FOR), as a program reading the attribute finds them
-# under plain python. So a wrapper reads none of this module's globals: what it needs of them is bound
-# in its closure ("closure only" below).
+# What is put in the place of a function of importlib's or of a loader class carries that function's
+# globals, as a program reading the attribute finds them under plain python: a door (hook.door) and
+# spec_from_file_location's wrapper below, which therefore reads only its closure. The enters run
+# under this module's own globals.
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -116,8 +116,7 @@ class Doors:
 
     # -- one event around a call ---------------------------------------------------------
     def _door(self, original: Callable, enter: Callable, stacks: dict | None = None) -> Callable:
-        """ORIGINAL as a door (hook.door): ENTER (returning _begin's token, or None) before it, _end after.
-        ENTER reads no global of this module's (see the note at the top)."""
+        """ORIGINAL as a door (hook.door): ENTER (returning _begin's token, or None) before it, _end after."""
         enter.__qualname__ = getattr(original, "__qualname__", enter.__qualname__)  # its TypeError's words
         return door(original, as_importlib_frame(enter), self._end, stacks)
 
@@ -158,7 +157,7 @@ class Doors:
 
     # -- waits for a module still initialising ---------------------------------------------
     def _make_wait(self, original: Callable) -> Callable:
-        begin, lock_owner, step, clocks = self._begin, _lock_owner, DoorStep, CLOCKS  # closure only
+        begin, lock_owner, step, clocks = self._begin, _lock_owner, DoorStep, CLOCKS
 
         def _lock_unlock_module(name: str) -> Any:
             owner = lock_owner(name)
@@ -179,7 +178,7 @@ class Doors:
             return  # a static or class method, or one in C: left alone
         stacks = self.tracer.stacks
         get_ident = _thread.get_ident
-        begin, step, clocks = self._begin, DoorStep, CLOCKS  # closure only
+        begin, step, clocks = self._begin, DoorStep, CLOCKS
 
         def exec_module(loader: Any, module: Any) -> Any:
             # An import statement's own call: its event is on top (the C Door reads this itself). A
@@ -260,7 +259,7 @@ class Doors:
 
     def _wrap_reload(self, importlib: Any) -> None:
         """importlib.reload runs a module's body again: an event named by the module."""
-        begin, step, clocks = self._begin, DoorStep, CLOCKS  # closure only
+        begin, step, clocks = self._begin, DoorStep, CLOCKS
 
         def reload(module: Any) -> Any:
             name = getattr(module, "__name__", None)
@@ -280,7 +279,7 @@ class Doors:
 
     def _wrap_runpy(self, runpy: Any) -> None:
         """runpy.run_path and run_module (not python -m's own path): the code they run is an event."""
-        begin, step, clocks = self._begin, DoorStep, CLOCKS  # closure only
+        begin, step, clocks = self._begin, DoorStep, CLOCKS
 
         def run_path(path_name: Any, init_globals: Any = None, run_name: Any = None) -> Any:
             name = run_name if isinstance(run_name, str) else "<run_path>"
