@@ -10,6 +10,7 @@ activation waits for the first .pth after which importwatch can be imported.
 """
 
 # No `from __future__ import annotations`: it would import __future__, which plain python has not.
+import _thread  # (in sys.modules from the interpreter's start: no import of ours)
 import os
 import sys
 
@@ -19,7 +20,7 @@ _pthlines = None  # importwatch.tracing.pthlines, once importwatch is found
 
 def activate() -> None:
     global _waiting
-    if _waiting:
+    if _waiting or not _in_main_interpreter():
         return
     if _activated():
         _trace_pth_lines(sys.modules.get("site"))
@@ -41,6 +42,13 @@ def activate() -> None:
     site.addpackage = addpackage_then_activate
     # site imports sitecustomize once every .pth has run: if importwatch is still missing then, say so.
     sys.meta_path.insert(0, _LastChance(site, addpackage, addpackage_then_activate))
+
+
+def _in_main_interpreter() -> bool:
+    """False in a subinterpreter, whose site runs this .pth too (3.12 on can tell): importwatch's
+    threads, hooks and descriptors are the process's, started once, by the main interpreter."""
+    is_main = getattr(_thread, "_is_main_interpreter", None)
+    return is_main is None or bool(is_main())
 
 
 class _LastChance:

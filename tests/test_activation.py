@@ -265,3 +265,25 @@ def test_sites_probe_of_a_missing_sitecustomize_is_not_logged_but_a_real_one_is(
         "] < sitecustomize " in broken.stderr
         and "failed ModuleNotFoundError: No module named 'no_such_module_here'" in broken.stderr
     ), broken.stderr
+
+
+SUBINTERPRETER = """
+try:
+    import _interpreters as interpreters  # 3.13
+except ImportError:
+    import _xxsubinterpreters as interpreters  # 3.12
+interp = interpreters.create()
+interpreters.run_string(interp, "import sys, json; print(sorted(m for m in sys.modules if m.startswith('importwatch')))")
+interpreters.destroy(interp)
+"""
+
+
+@pytest.mark.skipif(sys.version_info < (3, 12), reason="a subinterpreter's site runs .pth files from 3.12 on")
+def test_a_subinterpreter_is_left_alone(tmp_path: Path) -> None:
+    # Its site runs our .pth as the main interpreter's did: importwatch is the process's, started once.
+    run = subprocess.run(
+        [sys.executable, "-c", SUBINTERPRETER], cwd=tmp_path, env=clean_env(IMPORTWATCH="1"),
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert (run.returncode, run.stdout) == (0, "[]\n"), run.stderr
+    assert run.stderr.count("] start python ") == 1 and "] ! " not in run.stderr, run.stderr
