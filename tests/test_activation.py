@@ -281,9 +281,10 @@ interpreters.destroy(interp)
 @pytest.mark.skipif(sys.version_info < (3, 12), reason="a subinterpreter's site runs .pth files from 3.12 on")
 def test_a_subinterpreter_is_left_alone(tmp_path: Path) -> None:
     # Its site runs our .pth as the main interpreter's did: importwatch is the process's, started once.
-    run = subprocess.run(
-        [sys.executable, "-c", SUBINTERPRETER], cwd=tmp_path, env=clean_env(IMPORTWATCH="1"),
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert (run.returncode, run.stdout) == (0, "[]\n"), run.stderr
-    assert run.stderr.count("] start python ") == 1 and "] ! " not in run.stderr, run.stderr
+    for command, env in (
+        ([sys.executable, "-c", SUBINTERPRETER], clean_env(IMPORTWATCH="1")),
+        ([sys.executable, "-m", "importwatch", "-c", SUBINTERPRETER], clean_env()),
+    ):
+        run = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+        assert (run.returncode, run.stdout) == (0, "[]\n"), run.stderr
+        assert run.stderr.count("] start python ") == 1 and "] ! " not in run.stderr, run.stderr

@@ -533,7 +533,7 @@ static PyMethodDef methods[] = {
     {"child_subreaper", child_subreaper, METH_NOARGS, "child_subreaper(): whether this process adopts orphans."},
     {"door", make_door, METH_VARARGS,
      "door(original, enter, leave, stacks): ORIGINAL with ENTER and LEAVE around it and no frame of its own "
-     "while it runs (doors.py's _door); STACKS, the tracer's, for a loader's exec_module, else None."},
+     "while it runs (hook.door); STACKS, the tracer's, for a loader's exec_module, else None."},
     {"lock_if_ours", lock_if_ours, METH_VARARGS,
      "lock_if_ours(fd, device, inode): flock(fd, LOCK_EX | LOCK_NB) where fd still refers to that device and "
      "inode; True once taken, False while another process holds it, None where fd is no longer that."},

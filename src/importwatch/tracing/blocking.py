@@ -167,7 +167,6 @@ class BlockingSteps:
             return
         steps = self
         end_step = self.tracer.end_step
-        made: list[Callable] = []
 
         def _lazy_init() -> Any:
             # Called before most CUDA calls: once CUDA is up (or while it comes up), go straight through.
@@ -185,10 +184,11 @@ class BlockingSteps:
 
         def ended(token: tuple, error: BaseException | None) -> None:
             end_step(token, error)
-            if getattr(cuda, "_initialized", False) and getattr(cuda, "_lazy_init", None) is made[0]:
+            ours = getattr(getattr(cuda, "_lazy_init", None), _MARK, None) is original
+            if ours and getattr(cuda, "_initialized", False):
                 cuda._lazy_init = original  # initialised for good: later calls cost nothing
 
-        made.append(self._replace(cuda, "_lazy_init", _lazy_init, original, ended))
+        self._replace(cuda, "_lazy_init", _lazy_init, original, ended)
 
     # -- torch.utils.cpp_extension.load ----------------------------------------------------
     def _wrap_cpp_extension(self, module: Any) -> None:

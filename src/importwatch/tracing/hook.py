@@ -129,9 +129,9 @@ def lock_owner(ident: int, name: str) -> int | None:
 
 
 def as_importlib_frame(
-    function: Callable, name: str | None = None, stands_for: Any = None, importlib: bool = True
+    function: Callable, name: str | None = None, stands_for: Any = None, importing: bool = True
 ) -> Callable:
-    """The same function, its frames filed under importlib's own file name (unless not IMPORTLIB).
+    """The same function, its frames filed under importlib's own file name (where IMPORTING).
 
     CPython strips importlib's frames from the traceback of a failed import
     (import.c, remove_importlib_frames), matching on the code's file name. Our
@@ -146,7 +146,7 @@ def as_importlib_frame(
     builtins (tests/test_doors.py holds every such wrapper to it).
     """
     code = function.__code__
-    filename = IMPORTLIB_FILENAME if importlib else code.co_filename
+    filename = IMPORTLIB_FILENAME if importing else code.co_filename
     code = code.replace(co_filename=filename, co_name=code.co_name if name is None else name)
     namespace = getattr(stands_for, "__globals__", None)
     if not isinstance(namespace, dict):  # not a function: its names, if any, but our globals
@@ -154,12 +154,18 @@ def as_importlib_frame(
     clone = FunctionType(code, namespace, function.__name__, function.__defaults__, function.__closure__)
     clone.__qualname__ = function.__qualname__
     if stands_for is not None:
-        for attribute in ("__module__", "__name__", "__qualname__", "__doc__"):
-            value = getattr(stands_for, attribute, None)
-            if isinstance(value, str) or (value is None and attribute in ("__module__", "__doc__")):
-                setattr(clone, attribute, value)
-        clone.__wrapped__ = stands_for  # type: ignore[attr-defined]
+        _look_like(clone, stands_for)
     return clone
+
+
+def _look_like(wrapper: Any, original: Any) -> None:
+    """WRAPPER given ORIGINAL's names, module and docstring, and __wrapped__ (inspect.signature's way
+    to the original's signature)."""
+    for attribute in ("__module__", "__name__", "__qualname__", "__doc__"):
+        value = getattr(original, attribute, None)
+        if isinstance(value, str) or (value is None and attribute in ("__module__", "__doc__")):
+            setattr(wrapper, attribute, value)
+    wrapper.__wrapped__ = original
 
 
 def door(
@@ -194,12 +200,11 @@ def door(
             return result
 
         name = getattr(original, "__name__", None)
-        return as_importlib_frame(through, name, stands_for=original, importlib=importing)
+        return as_importlib_frame(through, name, stands_for=original, importing=importing)
     made = make(original, enter, leave, stacks)
-    for attribute in ("__module__", "__name__", "__qualname__", "__doc__", "__globals__"):
-        if hasattr(original, attribute):
-            setattr(made, attribute, getattr(original, attribute))
-    made.__wrapped__ = original
+    _look_like(made, original)
+    if hasattr(original, "__globals__"):  # a clone gets it from FunctionType; a Door keeps it as an attribute
+        made.__globals__ = original.__globals__
     return made
 
 
