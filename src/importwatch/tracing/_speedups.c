@@ -43,7 +43,7 @@ static PyObject *s_import, *s_import_end, *s_structured, *s_progress_due, *s_on_
     *s_check_descriptors, *s_safely, *s_internal_error, *s_event, *s_name, *s_parent, *s_ms, *s_error,
     *s_writing_a_line, *s_dunder_name, *s_progress, *s_loud, *s_log, *s_feed, *s_stderr, *s_partial,
     *s_main_thread, *s_msec, *s_prefix, *s_now, *s_set_stamp, *s_json, *s_broken, *s_closed, *s_ring, *s_mapping,
-    *s_fd, *s_modules, *s_stderr_again, *s_log_lost, *s_warn, *s_guards, *s_cover;
+    *s_fd, *s_modules, *s_stderr_again, *s_log_lost, *s_warn, *s_guards, *s_cover, *s_dot;
 
 static const struct {
     PyObject **slot;
@@ -59,7 +59,7 @@ static const struct {
     {&s_set_stamp, "_set_stamp"}, {&s_json, "json"}, {&s_broken, "broken"}, {&s_closed, "closed"},
     {&s_ring, "ring"}, {&s_mapping, "mapping"}, {&s_fd, "fd"}, {&s_modules, "modules"},
     {&s_stderr_again, "_stderr_again"}, {&s_log_lost, "_log_lost"}, {&s_warn, "warn"}, {&s_guards, "guards"},
-    {&s_cover, "cover"},
+    {&s_cover, "cover"}, {&s_dot, "."},
 };
 
 /* The sys module, held from the first hook made: sys.modules is read from it at each import (an attribute

@@ -23,6 +23,7 @@ an import that does not use it pays nothing:
 from __future__ import annotations
 
 import _frozen_importlib as _bootstrap
+import _frozen_importlib_external as _external
 import _thread
 import os
 import sys
@@ -33,10 +34,9 @@ from importwatch.tracing.hook import WAITING, FunctionType, TracedStep, as_impor
 from importwatch.tracing.sink import CLOCKS
 
 _OURS = ("importwatch.", "_importwatch_boot")  # the package itself is imported before tracing starts
-# What is put in the place of a function of importlib's or of a loader class carries that function's
-# globals, as a program reading the attribute finds them under plain python: a door (hook.door) and
-# spec_from_file_location's wrapper below, which therefore reads only its closure. The enters run
-# under this module's own globals.
+# What is put in the place of a function of importlib's or of a loader class (a door, hook.door) carries
+# that function's globals, as a program reading the attribute finds them under plain python. The enters
+# run under this module's own globals.
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -204,40 +204,40 @@ class Doors:
         """importlib.util: the loader classes of the modules it helps make are wrapped (_wrap_exec_module).
 
         spec_from_file_location and module_from_spec (the recipe of plugin systems and
-        of pytest's importlib mode) wrap their spec's loader class; LazyLoader wraps the
+        of pytest's importlib mode) wrap the class of the loader their spec has or will
+        have, before the call, so neither needs a frame of ours; LazyLoader wraps the
         class of the loader it holds, whose exec_module runs the body when the module's
         first attribute is touched. An import that uses none of them costs nothing more.
         """
         wrap_loader = self._wrap_loader
         lazy = getattr(util, "LazyLoader", None)
 
-        def loader_of(spec: Any) -> None:
-            loader = getattr(spec, "loader", None)
+        def watch(loader: Any) -> None:
             if lazy is not None and isinstance(loader, lazy):
                 loader = getattr(loader, "loader", None)
             if loader is not None:
                 wrap_loader(type(loader))
 
         def module_from_spec(spec: Any) -> None:
-            loader_of(spec)
+            watch(getattr(spec, "loader", None))
 
-        original_spec_from_file_location = getattr(util, "spec_from_file_location", None)
-
-        def spec_from_file_location(*args: Any, **kwargs: Any) -> Any:
-            # The spec is what it returns: a wrapper of its own, whose frame is on the stack only while
-            # the spec is made (no module body runs there).
-            spec = original_spec_from_file_location(*args, **kwargs)
-            loader_of(spec)
-            return spec
+        def spec_from_file_location(
+            name: Any, location: Any = None, *, loader: Any = None, submodule_search_locations: Any = None
+        ) -> None:
+            # Before the spec is made: the loader given, else each file loader it may choose by the
+            # location's suffix. The door has no event of its own, so the spec comes straight from importlib.
+            if loader is not None:
+                watch(loader)
+            else:
+                for klass in (
+                    _external.SourceFileLoader,
+                    _external.SourcelessFileLoader,
+                    _external.ExtensionFileLoader,
+                ):
+                    wrap_loader(klass)
 
         self._wrap_function(util, "module_from_spec", module_from_spec)
-        original = util.__dict__.get("spec_from_file_location")
-        if original is not None and not getattr(original, "_importwatch", False):
-            traced = as_importlib_frame(
-                spec_from_file_location, "spec_from_file_location", stands_for=original
-            )
-            traced._importwatch = True  # type: ignore[attr-defined]
-            self._replace(util, "spec_from_file_location", traced)
+        self._wrap_function(util, "spec_from_file_location", spec_from_file_location)
         original_lazy = vars(lazy).get("exec_module") if lazy is not None else None
         if original_lazy is not None and not getattr(original_lazy, "_importwatch", False):
 

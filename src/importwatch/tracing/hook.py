@@ -152,6 +152,7 @@ def as_importlib_frame(
     if not isinstance(namespace, dict):  # not a function: its names, if any, but our globals
         namespace = function.__globals__
     clone = FunctionType(code, namespace, function.__name__, function.__defaults__, function.__closure__)
+    clone.__kwdefaults__ = function.__kwdefaults__  # FunctionType takes no keyword-only defaults
     clone.__qualname__ = function.__qualname__
     if stands_for is not None:
         _look_like(clone, stands_for)
@@ -182,7 +183,8 @@ def door(
     through. Else a function, one frame: under importlib's name where ORIGINAL runs within an import
     (IMPORTING), so that a failed import's traceback drops it; under ours elsewhere (a CUDA
     initialisation), where nothing would. Either looks to the program as ORIGINAL does (its globals,
-    names, docstring, and __wrapped__ for its signature).
+    names, docstring, and __wrapped__ for its signature); a Door also reads ORIGINAL's other attributes,
+    and pickles and copies as a function does (docs/doors.md).
     """
     make = getattr(ACCELERATOR, "door", None)
     if make is None:
@@ -202,9 +204,7 @@ def door(
         name = getattr(original, "__name__", None)
         return as_importlib_frame(through, name, stands_for=original, importing=importing)
     made = make(original, enter, leave, stacks)
-    _look_like(made, original)
-    if hasattr(original, "__globals__"):  # a clone gets it from FunctionType; a Door keeps it as an attribute
-        made.__globals__ = original.__globals__
+    _look_like(made, original)  # the rest a Door reads from ORIGINAL: __globals__, __code__, __defaults__...
     return made
 
 
