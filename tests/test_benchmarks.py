@@ -140,3 +140,21 @@ def test_the_write_floor_is_timed_for_each_target():
     for row in (r"a file, appended +[\d.]+ us", r"/dev/null +[\d.]+ us", r"import's four .*: [\d.]+ us",
                 r"a pipe whose reader waits for each line: [\d.]+ us per write"):  # fmt: skip
         assert re.search(row, done.stdout), done.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+@pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None, reason="no C compiler")
+def test_the_parts_of_a_line_s_cost_are_each_timed(tmp_path):
+    # bench_line_parts.py builds a copy of the C accelerator whose writes do nothing (it refuses to go on
+    # if that copy wrote an import line); no figure is judged, only that every mode and part was printed.
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_line_parts.py"), "--rounds", "1", "--modules", "20"],
+        env=clean_env(), capture_output=True, text=True, timeout=170,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "22 imports, 1 rounds" in done.stdout
+    for row in ("stalls", "lines, unwritten", "lines, /dev/null", "lines, files"):
+        assert re.search(rf"^  {row} +[-+][\d.]+ us per import", done.stdout, re.M), done.stdout
+    for part in ("the hook", "making the two lines", "four writes to /dev/null", "four writes to files"):
+        assert re.search(rf"^  {part} +-?[\d.]+ us", done.stdout, re.M), done.stdout
