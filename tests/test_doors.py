@@ -417,7 +417,7 @@ WRAPPED_USE = (
     WRAPPED_LOOK.split("for function, home in", 1)[0]
     + """\
 import copy, pickle, typing
-for function in (bootstrap._lock_unlock_module, importlib.util.spec_from_file_location,
+for function in (bootstrap._find_and_load, bootstrap._lock_unlock_module, importlib.util.spec_from_file_location,
                  importlib.util.module_from_spec, importlib.util.LazyLoader.exec_module,
                  type(spec.loader).exec_module, importlib.reload, runpy.run_path, runpy.run_module):
     again = pickle.loads(pickle.dumps(function))  # multiprocessing's way with a target, by reference
@@ -452,7 +452,7 @@ def test_each_function_a_door_wraps_pickles_copies_and_reads_as_under_plain_pyth
         run = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
         assert run.returncode == 0, (name, run.stderr)
         seen[name] = re.sub(r" at 0x[0-9a-f]+", " at 0x", run.stdout)
-    assert seen["plain"].count(" True True True ") == 8 and "<none>" not in seen["plain"], seen["plain"]
+    assert seen["plain"].count(" True True True ") == 9 and "<none>" not in seen["plain"], seen["plain"]
     assert all(output == seen["plain"] for output in seen.values()), seen
 
 

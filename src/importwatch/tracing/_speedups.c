@@ -118,6 +118,7 @@ static int counted_setattro(PyObject *object, PyObject *name, PyObject *value); 
 #include "_speedups_guards.h" /* guards_hold: our descriptors, looked at without the sink's check */
 #include "_speedups_spawn.h" /* spawn_detached: the watcher started by a thread of ours, without a copy of the program */
 #include "_speedups_cover.h" /* deadline_covered: a thread's first step within tracer.cover calls nothing */
+#include "_speedups_stand_in.h" /* what the hook and a Door show of the function they stand for */
 #include "_speedups_door.h" /* Door: doors.py's wrappers, no frame of theirs while the function runs */
 
 /* -- the hook -------------------------------------------------------------------------------- */
@@ -438,6 +439,10 @@ static PyTypeObject HookType = {
     .tp_doc = "importlib's _find_and_load with importwatch's start and end lines (see hook.py).",
     .tp_traverse = (traverseproc)hook_traverse,
     .tp_clear = (inquiry)hook_clear,
+    .tp_getattro = hook_getattro,
+    .tp_descr_get = stand_in_get,
+    .tp_getset = hook_getset,
+    .tp_methods = hook_methods,
 };
 
 /* find_and_load(original, tracer, sink, emit, clock, step_type, escape): the hook for TRACER. */

@@ -88,82 +88,21 @@ static PyObject *door_call(PyObject *callable, PyObject *const *args, size_t nar
     return result;
 }
 
-/* As a function is: bound to an instance when read from a class (a loader's exec_module). */
-static PyObject *door_get(PyObject *self, PyObject *instance, PyObject *owner) {
-    (void)owner;
-    if (instance == NULL || instance == Py_None) {
-        Py_INCREF(self);
-        return self;
-    }
-    return PyMethod_New(self, instance);
-}
-
-/* What the door lacks, read from the function it stands for: its __code__, __defaults__, __kwdefaults__,
-   __annotations__, __closure__, __builtins__ and any attribute of its own, as a program reading the
-   attribute finds them under plain python (typing.get_type_hints, dis, a tool's look at the code). What
-   neither has fails with the function's own AttributeError. */
+/* What the door lacks, read from the function it stands for, and pickle's way with it
+   (_speedups_stand_in.h). */
 static PyObject *door_getattro(PyObject *self, PyObject *name) {
-    PyObject *value = PyObject_GenericGetAttr(self, name);
-    PyObject *original = ((Door *)self)->original;
-    if (value != NULL || original == NULL || !PyErr_ExceptionMatches(PyExc_AttributeError)) {
-        return value;
-    }
-    PyErr_Clear();
-    return PyObject_GetAttr(original, name);
+    return stand_in_getattr(self, name, ((Door *)self)->original);
 }
 
-/* Where the door's __module__ and __qualname__ lead in sys.modules (an attribute per dotted part): a new
-   reference, or NULL, with no exception, where they lead nowhere. No module is imported for it. */
-static PyObject *door_home(PyObject *self, PyObject *qualname) {
-    PyObject *module_name = PyObject_GetAttrString(self, "__module__");
-    PyObject *home = module_name != NULL && PyUnicode_Check(module_name) ? PyImport_GetModule(module_name) : NULL;
-    PyObject *parts = home != NULL && PyUnicode_Check(qualname) ? PyUnicode_Split(qualname, s_dot, -1) : NULL;
-    for (Py_ssize_t i = 0; parts != NULL && home != NULL && i < PyList_GET_SIZE(parts); i++) {
-        Py_SETREF(home, PyObject_GetAttr(home, PyList_GET_ITEM(parts, i)));
-    }
-    Py_XDECREF(parts);
-    Py_XDECREF(module_name);
-    PyErr_Clear();
-    return home;
-}
-
-/* pickle's way with a door, as with a function: by reference. Where its module and qualified name lead
-   to the door itself (runpy.run_path, importlib.reload), the name: pickle writes the reference a
-   function gets, byte for byte. Elsewhere (a door put on a subclass, or in importlib.util while its
-   __module__ names importlib._bootstrap) pickle would refuse a name that leads to another object, so
-   the door stands for the function: min() of a one-item tuple is that item, the function, pickled
-   by reference, as under plain python, and unpickled as the function itself. */
 static PyObject *door_reduce_ex(PyObject *self, PyObject *protocol) {
     (void)protocol;
-    PyObject *qualname = PyObject_GetAttrString(self, "__qualname__");
-    if (qualname == NULL) {
-        return NULL;
-    }
-    PyObject *home = door_home(self, qualname);
-    Py_XDECREF(home);
-    if (home == self) {
-        return qualname;
-    }
-    Py_DECREF(qualname);
-    PyObject *least = PyDict_GetItemString(PyEval_GetBuiltins(), "min"); /* borrowed */
-    if (least == NULL) {
-        PyErr_SetString(PyExc_TypeError, "cannot pickle a door without builtins.min");
-        return NULL;
-    }
-    return Py_BuildValue("(O((O)))", least, ((Door *)self)->original);
-}
-
-/* copy.copy and copy.deepcopy give a function itself: so for its door. */
-static PyObject *door_itself(PyObject *self, PyObject *unused) {
-    (void)unused;
-    Py_INCREF(self);
-    return self;
+    return stand_in_reduce(self, ((Door *)self)->original);
 }
 
 static PyMethodDef door_methods[] = {
     {"__reduce_ex__", door_reduce_ex, METH_O, NULL},
-    {"__copy__", door_itself, METH_NOARGS, NULL},
-    {"__deepcopy__", door_itself, METH_O, NULL},
+    {"__copy__", stand_in_itself, METH_NOARGS, NULL},
+    {"__deepcopy__", stand_in_itself, METH_O, NULL},
     {NULL, NULL, 0, NULL},
 };
 
@@ -216,7 +155,7 @@ static PyTypeObject DoorType = {
     .tp_doc = "A function of importlib's or a loader's with importwatch's event around it (see doors.py).",
     .tp_traverse = (traverseproc)door_traverse,
     .tp_clear = (inquiry)door_clear,
-    .tp_descr_get = door_get,
+    .tp_descr_get = stand_in_get,
     .tp_getset = door_getset,
     .tp_methods = door_methods,
     .tp_dictoffset = offsetof(Door, dict),

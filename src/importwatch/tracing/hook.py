@@ -273,7 +273,9 @@ class Tracer:
                 )
             except Exception as error:  # a TracedStep or Tracer the C code does not know: the twin
                 self.internal_error("the C accelerator", error)
-        return as_importlib_frame(self._make_find_and_load(original))
+        twin = as_importlib_frame(self._make_find_and_load(original))
+        _look_like(twin, original)  # importlib's names (pickle finds it where it is), not its globals: ours
+        return twin
 
     # One piece on purpose: _find_and_load runs for every import, on a budget of a few microseconds.
     # The C accelerator (_speedups.c) does the same, in the same order, and writes the two lines as
