@@ -416,13 +416,14 @@ def test_each_function_a_door_wraps_looks_to_the_program_as_under_plain_python(t
 WRAPPED_USE = (
     WRAPPED_LOOK.split("for function, home in", 1)[0]
     + """\
-import copy, pickle, typing
+import copy, pickle, typing, weakref
 for function in (bootstrap._find_and_load, bootstrap._lock_unlock_module, importlib.util.spec_from_file_location,
                  importlib.util.module_from_spec, importlib.util.LazyLoader.exec_module,
                  type(spec.loader).exec_module, importlib.reload, runpy.run_path, runpy.run_module):
     again = pickle.loads(pickle.dumps(function))  # multiprocessing's way with a target, by reference
     print(function.__qualname__, again in (function, getattr(function, "__wrapped__", None)),
           copy.copy(function) is function, copy.deepcopy({"f": function})["f"] is function,
+          weakref.ref(function)() is function,
           typing.get_type_hints(function), inspect.isroutine(function))
     for attribute in ("__code__", "__defaults__", "__kwdefaults__", "__annotations__", "__closure__"):
         print(" ", attribute, repr(getattr(function, attribute, "<none>")))
@@ -435,8 +436,9 @@ for function in (bootstrap._find_and_load, bootstrap._lock_unlock_module, import
 )
 def test_each_function_a_door_wraps_pickles_copies_and_reads_as_under_plain_python(tmp_path: Path) -> None:
     # pickle by reference (a multiprocessing or Ray target), copy and deepcopy (a config holding a
-    # callable), and the function's own attributes (typing, dis, tools that read __code__): the C
-    # accelerator's doors. The pure-Python twin's are functions of ours (docs/doors.md says what differs).
+    # callable), a weak reference (a cache keyed by function), and the function's own attributes
+    # (typing, dis, tools that read __code__): the C accelerator's doors and hook. The pure-Python
+    # twin's are functions of ours (docs/doors.md says what differs).
     _files(tmp_path, {"plugin.py": "x = 1\n", "main.py": WRAPPED_USE})
     c_hook = {"IMPORTWATCH_PURE": "0"}
     seen = {}
@@ -452,7 +454,7 @@ def test_each_function_a_door_wraps_pickles_copies_and_reads_as_under_plain_pyth
         run = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
         assert run.returncode == 0, (name, run.stderr)
         seen[name] = re.sub(r" at 0x[0-9a-f]+", " at 0x", run.stdout)
-    assert seen["plain"].count(" True True True ") == 9 and "<none>" not in seen["plain"], seen["plain"]
+    assert seen["plain"].count(" True True True True ") == 9 and "<none>" not in seen["plain"], seen["plain"]
     assert all(output == seen["plain"] for output in seen.values()), seen
 
 

@@ -105,6 +105,7 @@ typedef struct {
     Route route;           /* what Sink.emit would read of the sink for the two lines, as read at route.at */
     PyObject *spare; /* an ended step nothing else holds, for the next import (new_step), or NULL */
     PyObject *key;   /* the last thread's ident as an int, the key of its chain in stacks, or NULL */
+    PyObject *weakrefs; /* a function can be referred to weakly: so can what stands in its place */
 } Hook;
 
 static int counted_setattro(PyObject *object, PyObject *name, PyObject *value); /* _speedups_route.h */
@@ -419,6 +420,9 @@ static int hook_clear(Hook *self) {
 
 static void hook_dealloc(Hook *self) {
     PyObject_GC_UnTrack(self);
+    if (self->weakrefs != NULL) {
+        PyObject_ClearWeakRefs((PyObject *)self);
+    }
     hook_clear(self);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
@@ -440,6 +444,7 @@ static PyTypeObject HookType = {
     .tp_traverse = (traverseproc)hook_traverse,
     .tp_clear = (inquiry)hook_clear,
     .tp_getattro = hook_getattro,
+    .tp_weaklistoffset = offsetof(Hook, weakrefs),
     .tp_descr_get = stand_in_get,
     .tp_getset = hook_getset,
     .tp_methods = hook_methods,
@@ -474,7 +479,7 @@ static PyObject *make_hook(PyObject *module, PyObject *args) {
     self->monotonic = is_time_builtin(clock, "monotonic");
     self->counted = PyObject_TypeCheck(sink, &CountedType);
     memset(&self->route, 0, sizeof self->route);
-    self->spare = self->key = NULL;
+    self->spare = self->key = self->weakrefs = NULL;
     Py_INCREF(step_type);
     self->step_type = step_type;
     Py_INCREF(escape);

@@ -19,7 +19,8 @@ typedef struct {
     vectorcallfunc vectorcall;
     PyObject *original, *enter, *leave;
     PyObject *stacks; /* the tracer's, for exec_module's pass; else NULL */
-    PyObject *dict;   /* __dict__: the original's names, docstring, globals and __wrapped__ (doors.py) */
+    PyObject *dict;   /* __dict__: the original's names, docstring and __wrapped__ (hook.door) */
+    PyObject *weakrefs; /* a function can be referred to weakly: so can its door */
 } Door;
 
 /* Whether the exec_module call (LOADER, MODULE) is the one the import of the module on top of this
@@ -126,6 +127,9 @@ static int door_clear(Door *self) {
 
 static void door_dealloc(Door *self) {
     PyObject_GC_UnTrack(self);
+    if (self->weakrefs != NULL) {
+        PyObject_ClearWeakRefs((PyObject *)self);
+    }
     door_clear(self);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
@@ -159,6 +163,7 @@ static PyTypeObject DoorType = {
     .tp_getset = door_getset,
     .tp_methods = door_methods,
     .tp_dictoffset = offsetof(Door, dict),
+    .tp_weaklistoffset = offsetof(Door, weakrefs),
 };
 
 /* door(original, enter, leave, stacks): ORIGINAL with ENTER and LEAVE around it, no frame of its own. */
@@ -186,6 +191,7 @@ static PyObject *make_door(PyObject *module, PyObject *args) {
     self->stacks = stacks == Py_None ? NULL : stacks;
     Py_XINCREF(self->stacks);
     self->dict = NULL;
+    self->weakrefs = NULL;
     PyObject_GC_Track(self);
     return (PyObject *)self;
 }
