@@ -396,19 +396,29 @@ print(importlib.util.spec_from_file_location.__globals__["SourceFileLoader"] is 
 """
 
 
-def test_each_function_a_door_wraps_looks_to_the_program_as_under_plain_python(tmp_path: Path) -> None:
-    _files(tmp_path, {"plugin.py": "x = 1\n", "main.py": WRAPPED_LOOK})
-    quiet = {"IMPORTWATCH_STDERR": "stalls"}
-    seen = {}
-    for name, command, env in (
+def _side_by_side(tmp_path: Path, program: str, pure: str | None) -> dict[str, str]:
+    """PROGRAM's output plain, under the runner and under IMPORTWATCH=1 (IMPORTWATCH_PURE=PURE where
+    given), and with the pure-Python twin where PURE is None; addresses in reprs made alike."""
+    _files(tmp_path, {"plugin.py": "x = 1\n", "main.py": program})
+    chosen = {} if pure is None else {"IMPORTWATCH_PURE": pure}
+    quiet = {"IMPORTWATCH": "1", "IMPORTWATCH_STDERR": "stalls"}
+    modes = [
         ("plain", [sys.executable, "main.py"], clean_env()),
-        ("runner", traced("--stderr", "stalls", "main.py"), clean_env()),
-        ("IMPORTWATCH=1", [sys.executable, "main.py"], clean_env(IMPORTWATCH="1", **quiet)),
-        ("pure", [sys.executable, "main.py"], clean_env(IMPORTWATCH="1", IMPORTWATCH_PURE="1", **quiet)),
-    ):
+        ("runner", traced("--stderr", "stalls", "main.py"), clean_env(**chosen)),
+        ("IMPORTWATCH=1", [sys.executable, "main.py"], clean_env(**quiet, **chosen)),
+    ]
+    if pure is None:
+        modes.append(("pure", [sys.executable, "main.py"], clean_env(**quiet, IMPORTWATCH_PURE="1")))
+    seen = {}
+    for name, command, env in modes:
         run = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
         assert run.returncode == 0, (name, run.stderr)
         seen[name] = re.sub(r" at 0x[0-9a-f]+", " at 0x", run.stdout)  # a default's repr: an address
+    return seen
+
+
+def test_each_function_a_door_wraps_looks_to_the_program_as_under_plain_python(tmp_path: Path) -> None:
+    seen = _side_by_side(tmp_path, WRAPPED_LOOK, pure=None)
     assert seen["plain"].endswith("True\n") and seen["plain"].count("\n") == 10, seen["plain"]
     assert all(output == seen["plain"] for output in seen.values()), seen
 
@@ -439,21 +449,7 @@ def test_each_function_a_door_wraps_pickles_copies_and_reads_as_under_plain_pyth
     # callable), a weak reference (a cache keyed by function), and the function's own attributes
     # (typing, dis, tools that read __code__): the C accelerator's doors and hook. The pure-Python
     # twin's are functions of ours (docs/doors.md says what differs).
-    _files(tmp_path, {"plugin.py": "x = 1\n", "main.py": WRAPPED_USE})
-    c_hook = {"IMPORTWATCH_PURE": "0"}
-    seen = {}
-    for name, command, env in (
-        ("plain", [sys.executable, "main.py"], clean_env()),
-        ("runner", traced("--stderr", "stalls", "main.py"), clean_env(**c_hook)),
-        (
-            "IMPORTWATCH=1",
-            [sys.executable, "main.py"],
-            clean_env(IMPORTWATCH="1", IMPORTWATCH_STDERR="stalls", **c_hook),
-        ),
-    ):
-        run = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
-        assert run.returncode == 0, (name, run.stderr)
-        seen[name] = re.sub(r" at 0x[0-9a-f]+", " at 0x", run.stdout)
+    seen = _side_by_side(tmp_path, WRAPPED_USE, pure="0")
     assert seen["plain"].count(" True True True True ") == 9 and "<none>" not in seen["plain"], seen["plain"]
     assert all(output == seen["plain"] for output in seen.values()), seen
 
