@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import subprocess
@@ -356,6 +357,27 @@ def test_an_event_line_never_follows_the_program_s_unfinished_line(tmp_path: Pat
         assert "\n\n" not in stderr, stderr
         for line in stderr.splitlines():
             assert "[importwatch " not in line or line.startswith("[importwatch "), line
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("importwatch.tracing._speedups") is None, reason="no C accelerator"
+)
+def test_a_failing_write_to_stderr_has_plain_python_s_traceback(tmp_path: Path) -> None:
+    """sys.stderr's write and flush are stand-ins that note unended lines (Sink.follow_partial_lines): with
+    the C accelerator no frame of ours is below them, and they read as the stream's own methods."""
+    code = (
+        "import sys, traceback\n"
+        "print(sys.stderr.write.__self__ is sys.stderr, sys.stderr.write.__qualname__, sys.stderr.flush.__name__)\n"
+        "try:\n"
+        "    sys.stderr.write(b'bytes')\n"
+        "except TypeError:\n"
+        "    print(traceback.format_exc())\n"
+    )
+    runs = three_ways(["-c", code], tmp_path, IMPORTWATCH_PURE="0")
+    plain = runs["plain"].stdout
+    assert plain.startswith("True TextIOWrapper.write flush\n") and "TypeError" in plain, plain
+    for name, run in runs.items():
+        assert (run.returncode, run.stdout) == (0, plain), (name, run.stdout, run.stderr)
 
 
 # -- descriptors the program closes and reuses ------------------------------------------------------

@@ -121,6 +121,7 @@ static int counted_setattro(PyObject *object, PyObject *name, PyObject *value); 
 #include "_speedups_cover.h" /* deadline_covered: a thread's first step within tracer.cover calls nothing */
 #include "_speedups_stand_in.h" /* what the hook and a Door show of the function they stand for */
 #include "_speedups_door.h" /* Door: doors.py's wrappers, no frame of theirs while the function runs */
+#include "_speedups_follow.h" /* Follower: sys.stderr's write and flush, the sink's note of unended lines */
 
 /* -- the hook -------------------------------------------------------------------------------- */
 static PyObject *call_original(Hook *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
@@ -541,6 +542,9 @@ static PyMethodDef methods[] = {
      "spawn_started(wait): the watcher's pid once spawn_detached has started it, None while it is under way "
      "(after waiting up to WAIT seconds); OSError where it failed."},
     {"child_subreaper", child_subreaper, METH_NOARGS, "child_subreaper(): whether this process adopts orphans."},
+    {"follow", make_followers, METH_VARARGS,
+     "follow(write, flush, sink, through, by_line): sys.stderr's WRITE and FLUSH with SINK's note of a line "
+     "left unended after each, and no frame of their own (Sink.follow_partial_lines)."},
     {"door", make_door, METH_VARARGS,
      "door(original, enter, leave, stacks): ORIGINAL with ENTER and LEAVE around it and no frame of its own "
      "while it runs (hook.door); STACKS, the tracer's, for a loader's exec_module, else None."},
@@ -571,7 +575,7 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     }
 #endif
     if (PyType_Ready(&HookType) < 0 || PyType_Ready(&SharedMemoryType) < 0 || PyType_Ready(&CountedType) < 0 ||
-        PyType_Ready(&DoorType) < 0) {
+        PyType_Ready(&DoorType) < 0 || PyType_Ready(&FollowerType) < 0) {
         return NULL;
     }
     PyObject *module = PyModule_Create(&module_def);

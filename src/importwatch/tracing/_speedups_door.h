@@ -75,7 +75,8 @@ static PyObject *door_call(PyObject *callable, PyObject *const *args, size_t nar
     if (result == NULL) {
         save_error(&error);
     }
-    PyObject *left = PyObject_CallFunctionObjArgs(self->leave, token, error.value ? error.value : Py_None, NULL);
+    PyObject *pair[2] = {token, error.value ? error.value : Py_None};
+    PyObject *left = PyObject_Vectorcall(self->leave, pair, 2, NULL);
     Py_DECREF(token);
     if (left == NULL) { /* ours propagates, as from a finally clause, the function's error its context */
         Py_XDECREF(result);

@@ -11,7 +11,7 @@ import time
 
 from importwatch import safefile
 from importwatch.events import BUSY, DIED, EXIT, RESUMED, VERDICT, WARNING, escape, json_line, render
-from importwatch.tracing.accelerator import SINK_BASE
+from importwatch.tracing.accelerator import ACCELERATOR, SINK_BASE
 from importwatch.tracing.descriptors import close_if_ours, high_descriptor, identity
 
 TYPE_CHECKING = False
@@ -228,8 +228,10 @@ class Sink(SINK_BASE):  # type: ignore[misc,valid-type]
         a newline, rather than being glued to the program's. A line-buffered
         sys.stderr (python's own, unless -u or PYTHONUNBUFFERED) holds a line without
         its end until a newline or a flush: then nothing reached the descriptor yet,
-        and our lines come first, each whole. The cost is the program's: one call
-        and a comparison or two more per write to sys.stderr (and per flush).
+        and our lines come first, each whole. The cost is the program's: a comparison
+        or two more per write to sys.stderr (and per flush). With the C accelerator no
+        frame of ours is below the stream's own method (a failing write has plain
+        python's traceback), and what stands in its place reads as that method.
         """
         stream = sys.stderr
         if self._stderr_write is not None or not self.stderr_is_fd2 or stream is None:
@@ -241,22 +243,11 @@ class Sink(SINK_BASE):  # type: ignore[misc,valid-type]
             by_line = bool(stream.line_buffering)
         except (AttributeError, OSError, ValueError, TypeError):
             return  # not a file on fd 2, or no instance dict to hold our write
-        original_write, original_flush = stream.write, stream.flush
-        sink = self
-        held = [False]  # whether what the stream holds, once out, leaves a line unended
-
-        def write(text: str) -> int:
-            written = original_write(text)
-            if text:
-                held[0] = text[-1] != "\n"
-                if through or (by_line and ("\n" in text or "\r" in text)):
-                    sink.partial = held[0]
-            return written
-
-        def flush() -> None:
-            original_flush()
-            sink.partial = held[0]
-
+        follow = getattr(ACCELERATOR, "follow", None)
+        if follow is not None:  # no frame of ours below the stream's write (_speedups_follow.h)
+            write, flush = follow(stream.write, stream.flush, self, through, by_line)
+        else:
+            write, flush = self._followers(stream.write, stream.flush, through, by_line)
         try:
             stream.write = write
             if not through:
@@ -265,6 +256,29 @@ class Sink(SINK_BASE):  # type: ignore[misc,valid-type]
             vars(stream).pop("write", None)
             return
         self._stderr_write = (stream, write, flush)
+
+    def _followers(
+        self, original_write: Callable, original_flush: Callable, through: bool, by_line: bool
+    ) -> tuple[Callable, Callable]:
+        """The pure-Python twin of the C accelerator's follow: the stream's write and flush, each with the
+        note after it (a frame of ours below the stream's own)."""
+        sink = self
+        held = [False]  # whether what the stream holds, once out, leaves a line unended
+
+        def write(text: str) -> int:
+            written = original_write(text)
+            if text:
+                held[0] = text[-1] != "\n"
+                if (through or (by_line and ("\n" in text or "\r" in text))) and sink.partial is not held[0]:
+                    sink.partial = held[0]  # only a change: each set makes the C hook read the sink again
+            return written
+
+        def flush() -> None:
+            original_flush()
+            if sink.partial is not held[0]:
+                sink.partial = held[0]
+
+        return write, flush
 
     def unfollow_partial_lines(self) -> None:
         if self._stderr_write is not None:
