@@ -366,8 +366,9 @@ def test_a_failing_write_to_stderr_has_plain_python_s_traceback(tmp_path: Path) 
     """sys.stderr's write and flush are stand-ins that note unended lines (Sink.follow_partial_lines): with
     the C accelerator no frame of ours is below them, and they read as the stream's own methods."""
     code = (
-        "import sys, traceback\n"
-        "print(sys.stderr.write.__self__ is sys.stderr, sys.stderr.write.__qualname__, sys.stderr.flush.__name__)\n"
+        "import inspect, sys, traceback\n"
+        "write = sys.stderr.write\n"
+        "print(write.__self__ is sys.stderr, write.__qualname__, inspect.signature(write), sys.stderr.flush.__name__)\n"
         "try:\n"
         "    sys.stderr.write(b'bytes')\n"
         "except TypeError:\n"
@@ -375,7 +376,7 @@ def test_a_failing_write_to_stderr_has_plain_python_s_traceback(tmp_path: Path) 
     )
     runs = three_ways(["-c", code], tmp_path, IMPORTWATCH_PURE="0")
     plain = runs["plain"].stdout
-    assert plain.startswith("True TextIOWrapper.write flush\n") and "TypeError" in plain, plain
+    assert plain.startswith("True TextIOWrapper.write (text, /) flush\n") and "TypeError" in plain, plain
     for name, run in runs.items():
         assert (run.returncode, run.stdout) == (0, plain), (name, run.stdout, run.stderr)
 

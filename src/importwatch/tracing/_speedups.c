@@ -444,11 +444,11 @@ static PyTypeObject HookType = {
     .tp_doc = "importlib's _find_and_load with importwatch's start and end lines (see hook.py).",
     .tp_traverse = (traverseproc)hook_traverse,
     .tp_clear = (inquiry)hook_clear,
-    .tp_getattro = hook_getattro,
+    .tp_getattro = stand_in_getattro, /* _speedups_stand_in.h: read, pickled and copied as _find_and_load */
     .tp_weaklistoffset = offsetof(Hook, weakrefs),
     .tp_descr_get = stand_in_get,
-    .tp_getset = hook_getset,
-    .tp_methods = hook_methods,
+    .tp_getset = stand_in_getset,
+    .tp_methods = stand_in_methods,
 };
 
 /* find_and_load(original, tracer, sink, emit, clock, step_type, escape): the hook for TRACER. */
@@ -574,6 +574,10 @@ PyMODINIT_FUNC PyInit__speedups(void) {
         return PyErr_NoMemory(); /* its one failure: ENOMEM */
     }
 #endif
+    /* Each stand-in's function where _speedups_stand_in.h reads it */
+    Py_BUILD_ASSERT(offsetof(Hook, original) == offsetof(StandIn, original));
+    Py_BUILD_ASSERT(offsetof(Door, original) == offsetof(StandIn, original));
+    Py_BUILD_ASSERT(offsetof(Follower, original) == offsetof(StandIn, original));
     if (PyType_Ready(&HookType) < 0 || PyType_Ready(&SharedMemoryType) < 0 || PyType_Ready(&CountedType) < 0 ||
         PyType_Ready(&DoorType) < 0 || PyType_Ready(&FollowerType) < 0) {
         return NULL;

@@ -90,24 +90,6 @@ static PyObject *door_call(PyObject *callable, PyObject *const *args, size_t nar
     return result;
 }
 
-/* What the door lacks, read from the function it stands for, and pickle's way with it
-   (_speedups_stand_in.h). */
-static PyObject *door_getattro(PyObject *self, PyObject *name) {
-    return stand_in_getattr(self, name, ((Door *)self)->original);
-}
-
-static PyObject *door_reduce_ex(PyObject *self, PyObject *protocol) {
-    (void)protocol;
-    return stand_in_reduce(self, ((Door *)self)->original);
-}
-
-static PyMethodDef door_methods[] = {
-    {"__reduce_ex__", door_reduce_ex, METH_O, NULL},
-    {"__copy__", stand_in_itself, METH_NOARGS, NULL},
-    {"__deepcopy__", stand_in_itself, METH_O, NULL},
-    {NULL, NULL, 0, NULL},
-};
-
 static int door_traverse(Door *self, visitproc visit, void *arg) {
     Py_VISIT(self->original);
     Py_VISIT(self->enter);
@@ -152,7 +134,7 @@ static PyTypeObject DoorType = {
     .tp_vectorcall_offset = offsetof(Door, vectorcall),
     .tp_repr = (reprfunc)door_repr,
     .tp_call = PyVectorcall_Call,
-    .tp_getattro = door_getattro,
+    .tp_getattro = stand_in_getattro,
     .tp_setattro = PyObject_GenericSetAttr,
     /* A method descriptor, as a function is: a call through an instance (loader.exec_module(module))
        passes the instance first, with no bound method made. */
@@ -162,7 +144,7 @@ static PyTypeObject DoorType = {
     .tp_clear = (inquiry)door_clear,
     .tp_descr_get = stand_in_get,
     .tp_getset = door_getset,
-    .tp_methods = door_methods,
+    .tp_methods = stand_in_methods, /* _speedups_stand_in.h */
     .tp_dictoffset = offsetof(Door, dict),
     .tp_weaklistoffset = offsetof(Door, weakrefs),
 };

@@ -61,32 +61,6 @@ static PyObject *follower_call(PyObject *callable, PyObject *const *args, size_t
     return result;
 }
 
-static PyObject *follower_getattro(PyObject *self, PyObject *name) {
-    return stand_in_getattr(self, name, ((Follower *)self)->original);
-}
-
-static PyObject *follower_reduce_ex(PyObject *self, PyObject *protocol) {
-    (void)protocol;
-    return stand_in_reduce(self, ((Follower *)self)->original);
-}
-
-static PyObject *follower_doc(PyObject *self, void *unused) {
-    (void)unused;
-    return PyObject_GetAttrString(((Follower *)self)->original, "__doc__");
-}
-
-static PyGetSetDef follower_getset[] = {
-    {"__doc__", follower_doc, NULL, NULL, NULL},
-    {NULL, NULL, NULL, NULL, NULL},
-};
-
-static PyMethodDef follower_methods[] = {
-    {"__reduce_ex__", follower_reduce_ex, METH_O, NULL},
-    {"__copy__", stand_in_itself, METH_NOARGS, NULL},
-    {"__deepcopy__", stand_in_itself, METH_O, NULL},
-    {NULL, NULL, 0, NULL},
-};
-
 static int follower_traverse(Follower *self, visitproc visit, void *arg) {
     Py_VISIT(self->original);
     Py_VISIT(self->sink);
@@ -122,13 +96,13 @@ static PyTypeObject FollowerType = {
     .tp_vectorcall_offset = offsetof(Follower, vectorcall),
     .tp_repr = (reprfunc)follower_repr,
     .tp_call = PyVectorcall_Call,
-    .tp_getattro = follower_getattro,
+    .tp_getattro = stand_in_getattro,
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
     .tp_traverse = (traverseproc)follower_traverse,
     .tp_clear = (inquiry)follower_clear,
     .tp_weaklistoffset = offsetof(Follower, weakrefs),
-    .tp_getset = follower_getset,
-    .tp_methods = follower_methods,
+    .tp_getset = stand_in_getset, /* _speedups_stand_in.h */
+    .tp_methods = stand_in_methods,
 };
 
 static Follower *new_follower(PyObject *original, PyObject *sink, Follower *writer, int through, int by_line) {

@@ -6,12 +6,24 @@
  * (copy and deepcopy keep a function as it is). The object in their place reads what it lacks from
  * the function it stands for, pickles as a reference to where it is found, and is itself under copy.
  *
+ * Each such type (the Hook, Door, Follower) begins as a StandIn does, the function it stands for at
+ * the same place, so that one getattro, one set of methods and one getset serve them all; make_module
+ * checks the places.
+ *
  * Included once by _speedups.c, after its Hook, before the Hook's type and _speedups_door.h: one
- * translation unit. The hook's attributes and methods are here; the Door's are with its type. */
+ * translation unit. */
 
-/* SELF's attribute NAME where it has one, else ORIGINAL's: __code__, __defaults__, __annotations__, and
-   the rest of a function's; what neither has fails with the function's own AttributeError. */
-static PyObject *stand_in_getattr(PyObject *self, PyObject *name, PyObject *original) {
+/* How each object here begins: a vectorcall object, then the function it stands for. */
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *original;
+} StandIn;
+
+/* SELF's attribute NAME where it has one, else the original's: __code__, __defaults__, __annotations__,
+   and the rest of a function's; what neither has fails with the function's own AttributeError. */
+static PyObject *stand_in_getattro(PyObject *self, PyObject *name) {
+    PyObject *original = ((StandIn *)self)->original;
     PyObject *value = PyObject_GenericGetAttr(self, name);
     if (value != NULL || original == NULL || !PyErr_ExceptionMatches(PyExc_AttributeError)) {
         return value;
@@ -39,9 +51,11 @@ static PyObject *stand_in_home(PyObject *self, PyObject *qualname) {
    SELF (runpy.run_path, importlib's _find_and_load), the name: pickle writes the reference a function
    gets, byte for byte. Elsewhere (a door put on a subclass, or in importlib.util while its __module__
    names importlib._bootstrap) pickle would refuse a name that leads to another object, so SELF stands
-   for ORIGINAL: min() of a one-item tuple is that item, the function, pickled by reference as under
-   plain python and unpickled as the function itself. */
-static PyObject *stand_in_reduce(PyObject *self, PyObject *original) {
+   for the original: min() of a one-item tuple is that item, the function, pickled by reference as
+   under plain python and unpickled as the function itself. */
+static PyObject *stand_in_reduce_ex(PyObject *self, PyObject *protocol) {
+    (void)protocol;
+    PyObject *original = ((StandIn *)self)->original;
     PyObject *qualname = PyObject_GetAttrString(self, "__qualname__");
     if (qualname == NULL) {
         return NULL;
@@ -77,38 +91,28 @@ static PyObject *stand_in_itself(PyObject *self, PyObject *unused) {
     return self;
 }
 
-/* -- the hook, in _find_and_load's place ------------------------------------------------------ */
-/* Read, pickled and copied as importlib's _find_and_load is (above): its names, module,
-   globals and code, and __wrapped__, inspect.signature's way to its signature. */
-static PyObject *hook_getattro(PyObject *self, PyObject *name) {
-    return stand_in_getattr(self, name, ((Hook *)self)->original);
-}
-
-static PyObject *hook_reduce_ex(PyObject *self, PyObject *protocol) {
-    (void)protocol;
-    return stand_in_reduce(self, ((Hook *)self)->original);
-}
-
-static PyObject *hook_original_doc(PyObject *self, void *unused) {
-    (void)unused;
-    return PyObject_GetAttrString(((Hook *)self)->original, "__doc__");
-}
-
-static PyObject *hook_wrapped(PyObject *self, void *unused) {
-    (void)unused;
-    Py_INCREF(((Hook *)self)->original);
-    return ((Hook *)self)->original;
-}
-
-static PyGetSetDef hook_getset[] = {
-    {"__doc__", hook_original_doc, NULL, NULL, NULL},
-    {"__wrapped__", hook_wrapped, NULL, NULL, NULL},
-    {NULL, NULL, NULL, NULL, NULL},
-};
-
-static PyMethodDef hook_methods[] = {
-    {"__reduce_ex__", hook_reduce_ex, METH_O, NULL},
+static PyMethodDef stand_in_methods[] = {
+    {"__reduce_ex__", stand_in_reduce_ex, METH_O, NULL},
     {"__copy__", stand_in_itself, METH_NOARGS, NULL},
     {"__deepcopy__", stand_in_itself, METH_O, NULL},
     {NULL, NULL, 0, NULL},
+};
+
+/* The original's docstring (the type's own would come first) and __wrapped__, inspect.signature's way
+   to the original's signature: for the types with no __dict__ of their own (a Door keeps both there). */
+static PyObject *stand_in_doc(PyObject *self, void *unused) {
+    (void)unused;
+    return PyObject_GetAttrString(((StandIn *)self)->original, "__doc__");
+}
+
+static PyObject *stand_in_wrapped(PyObject *self, void *unused) {
+    (void)unused;
+    Py_INCREF(((StandIn *)self)->original);
+    return ((StandIn *)self)->original;
+}
+
+static PyGetSetDef stand_in_getset[] = {
+    {"__doc__", stand_in_doc, NULL, NULL, NULL},
+    {"__wrapped__", stand_in_wrapped, NULL, NULL, NULL},
+    {NULL, NULL, NULL, NULL, NULL},
 };
