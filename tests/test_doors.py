@@ -243,6 +243,45 @@ def test_module_run_by_a_loader_outside_an_import_is_one_event(tmp_path: Path) -
     assert lines.count("> plain") == 2 and lines.count("  > wave") == 1
 
 
+SPEC_ONLY = """\
+import importlib.machinery, importlib.util, sys, types
+class Loader(importlib.machinery.SourceFileLoader):  # a loader class of the program's own
+    def exec_module(self, module):
+        print("own loader runs", module.__name__)
+        super().exec_module(module)
+for name, loader in (("bare", None), ("custom", Loader("custom", "custom.py"))):
+    # The recipe without module_from_spec: only spec_from_file_location has seen the loader.
+    spec = importlib.util.spec_from_file_location(name, name + ".py", loader=loader)
+    module = types.ModuleType(name)
+    module.__spec__ = spec
+    spec.loader.exec_module(module)
+    print(name, module.VALUE)
+"""
+
+
+@pytest.mark.parametrize("pure", ["0", "1"], ids=["C", "pure"])
+def test_a_body_run_through_a_spec_alone_is_an_event_and_runs_as_plain(tmp_path: Path, pure: str) -> None:
+    # spec_from_file_location watches the loader class before the call (the given loader's, else the
+    # file loaders it chooses among): a module made by hand and run by spec.loader is still an event.
+    _files(tmp_path, {"bare.py": "import colorsys\nVALUE = 1\n", "custom.py": "import wave\nVALUE = 2\n"})
+    (tmp_path / "main.py").write_text(SPEC_ONLY)
+    plain = subprocess.run([sys.executable, "main.py"], cwd=tmp_path, env=clean_env(), capture_output=True,
+                           text=True, timeout=60)  # fmt: skip
+    assert plain.returncode == 0 and plain.stdout == "bare 1\nown loader runs custom\ncustom 2\n", plain
+    for command, env in (
+        ([sys.executable, "main.py"], clean_env(IMPORTWATCH="1", IMPORTWATCH_PURE=pure)),
+        (traced("--no-watcher", "main.py"), clean_env(IMPORTWATCH_PURE=pure)),
+    ):
+        run = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+        assert (run.returncode, run.stdout) == (0, plain.stdout), run.stderr
+        lines = [
+            line.split("] ", 1)[1] for line in run.stderr.splitlines() if line.startswith("[importwatch")
+        ]
+        for name, inner in (("bare", "colorsys"), ("custom", "wave")):
+            assert lines.count(f"> {name}") == 1, run.stderr
+            assert lines[lines.index(f"> {name}") + 1] == f"  > {inner}", run.stderr
+
+
 def test_failed_body_run_by_a_loader_keeps_its_traceback(tmp_path: Path) -> None:
     root = _files(
         tmp_path / "pkgs",

@@ -17,8 +17,8 @@ typedef struct Follower {
     PyObject *original;       /* the stream's own bound write or flush */
     PyObject *sink;           /* whose `partial` is set where the note changes */
     struct Follower *writer;  /* for a flush, the write's Follower, whose `held` it makes the note; else NULL */
-    int held;                 /* (the write's) whether what the stream holds, once out, leaves a line unended */
-    int through, by_line;     /* the stream's write_through and line_buffering */
+    int held;                 /* a write's: whether what the stream holds, once out, leaves a line unended */
+    int through, by_line;     /* a write's: the stream's write_through and line_buffering */
     PyObject *weakrefs;
 } Follower;
 
@@ -134,7 +134,7 @@ static PyObject *make_followers(PyObject *module, PyObject *args) {
         return NULL;
     }
     Follower *writer = new_follower(write, sink, NULL, through, by_line);
-    Follower *flusher = writer == NULL ? NULL : new_follower(flush, sink, writer, through, by_line);
+    Follower *flusher = writer == NULL ? NULL : new_follower(flush, sink, writer, 0, 0);
     PyObject *pair = flusher == NULL ? NULL : PyTuple_Pack(2, (PyObject *)writer, (PyObject *)flusher);
     Py_XDECREF((PyObject *)writer);
     Py_XDECREF((PyObject *)flusher);
