@@ -16,9 +16,10 @@ stderr always goes to a file. Workloads: a generated tree of small modules, a ch
 each importing the next, and `import torch` (where that interpreter can import it). Each is
 timed in alternating rounds (wall, and user/system CPU and page faults from os.wait4's rusage),
 then run once per mode under `strace -ff` to count the program's system calls by kind. Beside
-them: start-up (`IMPORTWATCH=1 python -c pass` against plain, with the watcher and without) and a
-frame probe (Python frames between one nested module body and the next, and the deepest nested
-import that works under the default recursion limit). docs/performance.md says what each figure
+them: start-up (`IMPORTWATCH=1 python -c pass` against plain, with the watcher and without, and
+`python -c "import math"`, a first native load, the same way) and a frame probe (Python frames
+between one nested module body and the next, and the deepest nested import that works under the
+default recursion limit). docs/performance.md says what each figure
 means. The traced modes use the C accelerator of the per-import hook where it is built;
 `IMPORTWATCH_PURE=1 python benchmarks/bench_kernel.py ...` measures its pure-Python twin.
 Interpreters other than this checkout's .venv get a venv of their own, made once in the
@@ -43,14 +44,14 @@ from collections import Counter
 from pathlib import Path
 from typing import NamedTuple
 
-from bench_overhead import make_tree, median_interval
+from bench_overhead import median_interval
 from kernel_report import MODES, PROBE_LIMIT, table, targets
+from kernel_workloads import PROBE_DEPTH, Workload, generated, native_module, workloads, write_probe
 
 ROOT = Path(__file__).resolve().parent.parent
 VERSIONS = ("3.9", "3.10", "3.11", "3.12", "3.13")
 WORKLOADS = ("tree", "chain", "torch")
 LIMIT_S = 900.0  # one process; a run past it is reported as failed, never waited on forever
-PROBE_DEPTH = 600  # longer than any chain the default recursion limit lets nest
 # Start lines of imports in the text log; native loads ("> dlopen PATH") and steps ("> step .pth
 # FILE:LINE", site running a .pth line) are not imports.
 _IMPORT_LINE = re.compile(r"^\[importwatch [^\]]*\] +> (?!dlopen |step |phase )", re.MULTILINE)
@@ -117,63 +118,6 @@ def venv_python(version: str, cache: Path) -> str:
         raise Failed(f"could not install importwatch into {venv}: {last}")
     stamp.write_text(wanted)
     return str(python)
-
-
-# -- workloads --------------------------------------------------------------------------------
-
-
-class Workload(NamedTuple):
-    """What to run, and the folder that goes on PYTHONPATH (empty for none)."""
-
-    name: str
-    code: str
-    path: str
-
-
-def generated(cache: Path, name: str, write) -> Path:
-    """CACHE/trees/NAME, written once by WRITE(folder); a stamp marks it complete."""
-    folder = cache / "trees" / name
-    if not (folder / "bench-stamp").exists():
-        shutil.rmtree(folder, ignore_errors=True)
-        folder.mkdir(parents=True)
-        write(folder)
-        (folder / "bench-stamp").write_text("")
-    return folder
-
-
-def write_chain(folder: Path, depth: int) -> None:
-    for index in range(depth):
-        following = f"import chain_{index + 1}\n" if index + 1 < depth else ""
-        (folder / f"chain_{index}.py").write_text(f"VALUE = {index}\n{following}")
-
-
-def write_probe(folder: Path) -> None:
-    """probe_0 .. probe_N, each noting its depth; probe_1 also counts the frames back to probe_0."""
-    count_frames = (
-        "import sys\n"
-        "_frame, _steps = sys._getframe(), 0\n"
-        "while _frame is not None and _frame.f_globals.get('__name__') != 'probe_0':\n"
-        "    _frame, _steps = _frame.f_back, _steps + 1\n"
-        "builtins.IW_PROBE_FRAMES = _steps if _frame is not None else -1\n"
-    )
-    for index in range(PROBE_DEPTH):
-        text = f"import builtins\nbuiltins.IW_PROBE_DEPTH = {index}\n"
-        text += count_frames if index == 1 else ""
-        text += f"import probe_{index + 1}\n" if index + 1 < PROBE_DEPTH else ""
-        (folder / f"probe_{index}.py").write_text(text)
-
-
-def workloads(names: list[str], cache: Path, modules: int, depth: int) -> list[Workload]:
-    chosen = []
-    if "tree" in names:
-        folder = generated(cache, f"tree-{modules}", lambda f: make_tree(f, modules))
-        chosen.append(Workload("tree", "import bench_all", str(folder)))
-    if "chain" in names:
-        folder = generated(cache, f"chain-{depth}", lambda f: write_chain(f, depth))
-        chosen.append(Workload("chain", "import chain_0", str(folder)))
-    if "torch" in names:
-        chosen.append(Workload("torch", "import torch", ""))
-    return chosen
 
 
 # -- running -----------------------------------------------------------------------------------
@@ -319,24 +263,30 @@ def strace_counts(python: str, work: Workload, mode: str, workdir: Path) -> dict
     return {"total": sum(program.values()), "kinds": dict(program), "helper_processes_total": helpers}
 
 
-def startup(python: str, rounds: int, workdir: Path) -> dict[str, float]:
+def startup(python: str, rounds: int, workdir: Path) -> dict[str, object]:
     """`IMPORTWATCH=1 IMPORTWATCH_WATCHER=1 python -c pass` against plain, and `IMPORTWATCH=1` alone
-    (the watcher off, its default): medians in ms."""
+    (the watcher off, its default): medians in ms. Beside them, a program whose one line loads an
+    extension module, as nearly every program's first lines do: what a first native load adds too."""
     env = base_env("")
+    module = native_module(python)
+    native = f"import {module}" if module else "pass"
     arms = {
-        "plain": env,
-        "traced": dict(env, IMPORTWATCH="1", IMPORTWATCH_WATCHER="1"),
-        "unwatched": dict(env, IMPORTWATCH="1", IMPORTWATCH_WATCHER="0"),
+        "plain": (env, "pass"),
+        "traced": (dict(env, IMPORTWATCH="1", IMPORTWATCH_WATCHER="1"), "pass"),
+        "unwatched": (dict(env, IMPORTWATCH="1", IMPORTWATCH_WATCHER="0"), "pass"),
+        "plain native": (env, native),
+        "native": (dict(env, IMPORTWATCH="1", IMPORTWATCH_WATCHER="0"), native),
     }
-    for arm in arms.values():
-        run_once([python, "-c", "pass"], arm, workdir)
+    for arm, code in arms.values():
+        run_once([python, "-c", code], arm, workdir)
     runs: dict[str, list[Run]] = {name: [] for name in arms}
     for index in range(rounds):
         for name in list(arms)[:: -1 if index % 2 else 1]:
-            runs[name].append(run_once([python, "-c", "pass"], arms[name], workdir))
+            arm, code = arms[name]
+            runs[name].append(run_once([python, "-c", code], arm, workdir))
 
-    def added(name: str, measure) -> float:
-        return statistics.median(measure(t) - measure(p) for t, p in zip(runs[name], runs["plain"])) * 1e3
+    def added(name: str, measure, base: str = "plain") -> float:
+        return statistics.median(measure(t) - measure(p) for t, p in zip(runs[name], runs[base])) * 1e3
 
     return {
         "plain_ms": statistics.median(r.wall for r in runs["plain"]) * 1e3,
@@ -345,6 +295,9 @@ def startup(python: str, rounds: int, workdir: Path) -> dict[str, float]:
         "added_cpu_ms": added("traced", cpu),
         "unwatched_added_ms": added("unwatched", lambda r: r.wall),
         "unwatched_added_cpu_ms": added("unwatched", cpu),
+        "native_module": module,
+        "native_added_ms": added("native", lambda r: r.wall, "plain native"),
+        "native_added_cpu_ms": added("native", cpu, "plain native"),
         "rounds": rounds,
     }
 

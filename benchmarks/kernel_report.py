@@ -102,6 +102,11 @@ def table(results: dict) -> str:
                 f"{s['added_cpu_ms']:+.1f} ms CPU (medians of {s['rounds']} rounds); watcher off (IMPORTWATCH=1's "
                 f"default): added {s['unwatched_added_ms']:+.1f} ms wall, {s['unwatched_added_cpu_ms']:+.1f} ms CPU"
             )
+            if s.get("native_module"):
+                out.append(
+                    f"  start-up with a first native load (IMPORTWATCH=1, python -c 'import {s['native_module']}'): "
+                    f"added {s['native_added_ms']:+.1f} ms wall, {s['native_added_cpu_ms']:+.1f} ms CPU"
+                )
         if result.get("frames"):
             cells = ", ".join(
                 f"{m} {f['frames_per_import']} ({f['deepest_nesting']} deep)"

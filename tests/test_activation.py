@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -11,6 +12,8 @@ from pathlib import Path
 import pytest
 
 from helpers import ROOT, clean_env
+
+BUILT = importlib.util.find_spec("importwatch.tracing._speedups") is not None
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -212,19 +215,31 @@ def test_every_module_blocking_steps_wrap_brings_them_in() -> None:
 
 
 @pytest.mark.slow
-def test_the_facts_modules_are_imported_on_the_first_native_load_and_write_no_line() -> None:
-    """ELF, CUDA, loaded and mapped objects: needed by native loads only, not by every interpreter start."""
-    facts = ["importwatch.facts.elf", "importwatch.facts.cuda", "importwatch.facts.mapped"]
+@pytest.mark.parametrize(
+    "pure",
+    [pytest.param("0", marks=pytest.mark.skipif(not BUILT, reason="the C accelerator is not built")), "1"],
+    ids=["C", "pure"],
+)
+def test_the_facts_modules_are_imported_on_the_first_native_load_and_write_no_line(pure: str) -> None:
+    """Library names, ELF, CUDA and mapped objects: needed by native loads only, not by every interpreter
+    start. With the C accelerator, no load needs elf.py: the accelerator reads the file itself."""
+    facts = [
+        "importwatch.facts.libnames",
+        "importwatch.facts.elf",
+        "importwatch.facts.cuda",
+        "importwatch.facts.mapped",
+    ]
     code = (
         f"import sys; facts = {facts!r}\n"
         "print([name in sys.modules for name in facts])\n"
         "import _ctypes\n"  # an extension module: a native load
         "print([name in sys.modules for name in facts])\n"
     )
-    env = clean_env(IMPORTWATCH="1")
+    env = clean_env(IMPORTWATCH="1", IMPORTWATCH_PURE=pure)
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, done.stderr
-    assert done.stdout == "[False, False, False]\n[True, False, True]\n", done.stderr
+    elf = pure == "1"
+    assert done.stdout == f"[False, False, False, False]\n[True, {elf}, False, True]\n", done.stderr
     assert "> dlopen " in done.stderr and "> importwatch" not in done.stderr
 
 

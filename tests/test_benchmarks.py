@@ -59,6 +59,7 @@ def test_quickest_run_gives_every_figure_in_json(tmp_path):
             assert work["syscalls"]["plain"]["kinds"]["mmap"] > 0
     assert result["startup"]["added_ms"] is not None
     assert result["startup"]["unwatched_added_ms"] is not None
+    assert result["startup"]["native_module"] and result["startup"]["native_added_ms"] is not None
     assert result["frames"]["plain"]["frames_per_import"] > 0
     assert result["frames"]["plain"]["deepest_nesting"] > 50
     targets = result["targets"]

@@ -1,8 +1,12 @@
-"""elf.read_dynamic on real files: compiled libraries, real torch, synthetic ELF checked by readelf, junk."""
+"""read_dynamic, elf.py's and the C accelerator's twin, on real files: compiled libraries, real torch, synthetic ELF
+checked by readelf, junk; the two answer alike on every shared object found here, whole and damaged."""
 
 from __future__ import annotations
 
+import glob
+import importlib.util
 import os
+import random
 import shutil
 import struct
 import subprocess
@@ -10,15 +14,39 @@ import sys
 import sysconfig
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from cbuild import FIXTURES, compile_shared, compiler
 from helpers import torch_dir
-from importwatch.facts.elf import DynamicInfo, cuda_needs, library_stem, read_dynamic
+from importwatch.facts import elf
+from importwatch.facts.elf import DynamicInfo
+from importwatch.facts.libnames import cuda_needs, library_stem, torch_links
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    Reader = Callable[[object], DynamicInfo | None]
 
 CUDA = FIXTURES / "cuda"
 TORCH = torch_dir()  # the torch this interpreter would import, if any
+BUILT = importlib.util.find_spec("importwatch.tracing._speedups") is not None
+needs_accelerator = pytest.mark.skipif(not BUILT, reason="the C accelerator is not built for this Python")
+
+
+def _c_read_dynamic(path: object) -> DynamicInfo | None:
+    """The C accelerator's read_dynamic, its tuple as elf.py's DynamicInfo (tracing/native.py does so too)."""
+    from importwatch.tracing import _speedups
+
+    found = _speedups.read_dynamic(path)
+    return None if found is None else DynamicInfo(*found)
+
+
+@pytest.fixture(params=["python", pytest.param("C", marks=needs_accelerator)])
+def read_dynamic(request: pytest.FixtureRequest) -> Reader:
+    """Each twin in turn: elf.py's read_dynamic, and the C accelerator's."""
+    return elf.read_dynamic if request.param == "python" else _c_read_dynamic
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +70,7 @@ def libs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 @pytest.mark.slow
-def test_needed_runpath_and_soname_of_a_compiled_library(libs: dict[str, Path]) -> None:
+def test_needed_runpath_and_soname_of_a_compiled_library(libs: dict[str, Path], read_dynamic: Reader) -> None:
     info = read_dynamic(str(libs["runpath"]))
     assert info is not None
     assert info.needed[:2] == ("libdep.so.1", "libcudart.so.11.0")
@@ -54,7 +82,7 @@ def test_needed_runpath_and_soname_of_a_compiled_library(libs: dict[str, Path]) 
 
 
 @pytest.mark.slow
-def test_old_style_rpath_is_told_from_runpath(libs: dict[str, Path]) -> None:
+def test_old_style_rpath_is_told_from_runpath(libs: dict[str, Path], read_dynamic: Reader) -> None:
     info = read_dynamic(str(libs["rpath"]))
     assert info == DynamicInfo(
         ("libdep.so.1", "libc.so.6"), rpath=str(libs["dep"].parent), soname="libtop.so.2"
@@ -62,7 +90,7 @@ def test_old_style_rpath_is_told_from_runpath(libs: dict[str, Path]) -> None:
 
 
 @pytest.mark.slow
-def test_dynamic_info_is_immutable_and_hashable(libs: dict[str, Path]) -> None:
+def test_dynamic_info_is_immutable_and_hashable(libs: dict[str, Path], read_dynamic: Reader) -> None:
     info = read_dynamic(str(libs["runpath"]))
     with pytest.raises(AttributeError):
         info.soname = "x"  # type: ignore[misc]
@@ -70,7 +98,7 @@ def test_dynamic_info_is_immutable_and_hashable(libs: dict[str, Path]) -> None:
     assert "libdep.so.1" in repr(info)
 
 
-def test_cuda_needs_picks_the_cuda_libraries() -> None:
+def test_cuda_needs_and_torch_links_pick_their_libraries() -> None:
     needed = [
         "libc10.so",
         "libcudart.so.11.0",
@@ -99,10 +127,16 @@ def test_cuda_needs_picks_the_cuda_libraries() -> None:
     ]
     assert library_stem("/x/libcudart-9335f6a2.so.12") == "libcudart"
     assert library_stem("libcudnn_ops_infer.so.8") == "libcudnn_ops_infer"
+    assert torch_links(needed) == ["libc10.so", "libtorch_cuda.so", "libc10_cuda.so"]
+    assert torch_links(["libshm-0123abcd.so", "libtorchvision.so", "libcaffe2_nvrtc.so"]) == [
+        "libshm-0123abcd.so",
+        "libtorchvision.so",  # a stem's prefix, as scan.py has always matched it
+        "libcaffe2_nvrtc.so",
+    ]
 
 
 @pytest.mark.slow
-def test_cuda_needs_of_a_compiled_library(libs: dict[str, Path]) -> None:
+def test_cuda_needs_of_a_compiled_library(libs: dict[str, Path], read_dynamic: Reader) -> None:
     assert cuda_needs(read_dynamic(str(libs["runpath"])).needed) == ["libcudart.so.11.0"]
 
 
@@ -150,7 +184,9 @@ def _synthetic_elf(wide: bool, order: str, needed: list[str], soname: str, runpa
 @pytest.mark.slow
 @pytest.mark.parametrize("wide", [True, False], ids=["64bit", "32bit"])
 @pytest.mark.parametrize("order", ["<", ">"], ids=["little", "big"])
-def test_both_word_sizes_and_byte_orders(tmp_path: Path, wide: bool, order: str) -> None:
+def test_both_word_sizes_and_byte_orders(
+    tmp_path: Path, wide: bool, order: str, read_dynamic: Reader
+) -> None:
     path = tmp_path / "libsynthetic.so"
     path.write_bytes(
         _synthetic_elf(wide, order, ["libc.so.6", "libcudart.so.11.0"], "libs.so.1", "$ORIGIN/x")
@@ -165,7 +201,9 @@ def test_both_word_sizes_and_byte_orders(tmp_path: Path, wide: bool, order: str)
 
 
 @pytest.mark.slow
-def test_a_32bit_library_built_by_the_toolchain(libs: dict[str, Path], tmp_path: Path) -> None:
+def test_a_32bit_library_built_by_the_toolchain(
+    libs: dict[str, Path], tmp_path: Path, read_dynamic: Reader
+) -> None:
     objects = []
     for name in ("dep", "top"):
         done = subprocess.run(
@@ -198,7 +236,7 @@ def test_a_32bit_library_built_by_the_toolchain(libs: dict[str, Path], tmp_path:
 
 
 @pytest.mark.slow
-def test_a_static_executable_needs_nothing(tmp_path: Path) -> None:
+def test_a_static_executable_needs_nothing(tmp_path: Path, read_dynamic: Reader) -> None:
     source = tmp_path / "main.c"
     source.write_text("int main(void) { return 0; }\n")
     done = subprocess.run(
@@ -210,7 +248,9 @@ def test_a_static_executable_needs_nothing(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_files_that_are_not_readable_elf_give_none(libs: dict[str, Path], tmp_path: Path) -> None:
+def test_files_that_are_not_readable_elf_give_none(
+    libs: dict[str, Path], tmp_path: Path, read_dynamic: Reader
+) -> None:
     text = tmp_path / "notelf.so"
     text.write_text("INPUT(-lfoo)\n")  # a linker script named .so, as libc.so is
     empty = tmp_path / "empty.so"
@@ -222,7 +262,7 @@ def test_files_that_are_not_readable_elf_give_none(libs: dict[str, Path], tmp_pa
 
 
 @pytest.mark.slow
-def test_unreadable_file_gives_none(libs: dict[str, Path], tmp_path: Path) -> None:
+def test_unreadable_file_gives_none(libs: dict[str, Path], tmp_path: Path, read_dynamic: Reader) -> None:
     locked = tmp_path / "locked.so"
     shutil.copy(libs["runpath"], locked)
     locked.chmod(0)
@@ -246,7 +286,9 @@ def _dynamic_segment(data: bytes) -> tuple[int, int]:
 
 
 @pytest.mark.slow
-def test_garbage_in_the_dynamic_section_gives_none(libs: dict[str, Path], tmp_path: Path) -> None:
+def test_garbage_in_the_dynamic_section_gives_none(
+    libs: dict[str, Path], tmp_path: Path, read_dynamic: Reader
+) -> None:
     data = bytearray(libs["runpath"].read_bytes())
     offset, size = _dynamic_segment(bytes(data))
     for fill in (b"\xff", b"\x01\x00\x00\x00\x00\x00\x00\x00\xff\xff\xff\x7f\x00\x00\x00\x00"):
@@ -259,7 +301,7 @@ def test_garbage_in_the_dynamic_section_gives_none(libs: dict[str, Path], tmp_pa
 
 @pytest.mark.slow
 @pytest.mark.timeout(60)
-def test_no_cut_or_damage_makes_it_raise(libs: dict[str, Path], tmp_path: Path) -> None:
+def test_no_cut_or_damage_makes_it_raise(libs: dict[str, Path], tmp_path: Path, read_dynamic: Reader) -> None:
     data = libs["runpath"].read_bytes()
     path = tmp_path / "damaged.so"
     end = max(_dynamic_segment(data)) + sum(_dynamic_segment(data))
@@ -289,7 +331,7 @@ def test_reading_does_not_import_anything(libs: dict[str, Path]) -> None:
 
 @pytest.mark.torch
 @pytest.mark.skipif(TORCH is None, reason="torch is not installed for this interpreter")
-def test_real_torch_libraries() -> None:
+def test_real_torch_libraries(read_dynamic: Reader) -> None:
     assert TORCH is not None
     extension = read_dynamic(str(TORCH / f"_C{sysconfig.get_config_var('EXT_SUFFIX')}"))
     assert "libtorch_python.so" in extension.needed
@@ -304,3 +346,48 @@ def test_real_torch_libraries() -> None:
         read_dynamic(str(cpu))
     per_read_ms = (time.perf_counter() - start) / rounds * 1000
     print(f"read_dynamic(libtorch_cpu.so, {cpu.stat().st_size >> 20} MiB): {per_read_ms:.3f} ms")
+
+
+def _shared_objects() -> list[str]:
+    """Every shared object of this interpreter, its venv (torch's libraries among them) and the system's."""
+    found = glob.glob(os.path.join(os.path.dirname(os.__file__), "lib-dynload", "*.so"))
+    found += glob.glob(os.path.join(sysconfig.get_paths()["purelib"], "**", "*.so*"), recursive=True)
+    found += glob.glob("/usr/lib/x86_64-linux-gnu/*.so*") + glob.glob("/lib64/*.so*")
+    return sorted(path for path in set(found) if os.path.isfile(path))
+
+
+@pytest.mark.slow
+@needs_accelerator
+@pytest.mark.timeout(120)
+def test_the_twins_answer_alike_on_every_shared_object_here_whole_and_damaged(tmp_path: Path) -> None:
+    paths = _shared_objects()
+    assert len(paths) > 50
+    for path in [*paths, str(tmp_path), str(tmp_path / "missing.so"), "a\0b", b"/proc/self/exe", 7]:
+        assert _c_read_dynamic(path) == elf.read_dynamic(path), path  # type: ignore[arg-type]
+    # Damage where the reading goes: the program headers, the dynamic segment, the string table, cuts.
+    chance = random.Random(25)
+    damaged = tmp_path / "damaged.so"
+    nothing = 0
+    for source in chance.sample([path for path in paths if "lib-dynload" in path], 10):
+        data = Path(source).read_bytes()
+        offset, size = _dynamic_segment(data)
+        phoff = struct.unpack_from("<Q", data, 32)[0]
+        for _ in range(300):
+            copy = bytearray(data)
+            for _ in range(chance.randrange(1, 5)):
+                where = chance.choice(
+                    [
+                        offset + chance.randrange(size),
+                        phoff + chance.randrange(448),
+                        chance.randrange(len(copy)),
+                    ]
+                )
+                word = chance.choice([b"\xff" * 8, bytes(8), struct.pack("<Q", chance.getrandbits(64))])
+                copy[where : where + chance.choice([1, 8])] = word[: chance.choice([1, 8])]
+            if chance.random() < 0.1:
+                del copy[chance.randrange(len(copy)) :]
+            damaged.write_bytes(copy)
+            python = elf.read_dynamic(str(damaged))
+            nothing += python is None
+            assert _c_read_dynamic(str(damaged)) == python
+    assert 100 < nothing < 2900  # damage both ways: files still read, and files refused

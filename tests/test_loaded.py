@@ -1,7 +1,8 @@
-"""loaded: the loader's own list, read through the program's ctypes, says what each real load added."""
+"""loaded: the loader's own list, read in C or through the program's ctypes, says what each real load added."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from cbuild import FIXTURES, compile_shared
 from helpers import clean_env, importwatch
 
 CUDA = FIXTURES / "cuda"
+BUILT = importlib.util.find_spec("importwatch.tracing._speedups") is not None
 pytestmark = [pytest.mark.timeout(60), pytest.mark.slow]
 
 
@@ -39,22 +41,34 @@ def libs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 STEPS = """
 import ctypes, json, sys
-from importwatch.facts.loaded import LoadedObjects
-loaded = LoadedObjects(ctypes)
+from importwatch.facts import loaded
+if sys.argv[1] == "C":
+    from importwatch.tracing import _speedups
+    looks = (_speedups.loaded_counters, _speedups.loaded_names)
+else:
+    looks = loaded.through_ctypes(ctypes)
+loaded = loaded.LoadedObjects(*looks)
 report = {"nothing": loaded.added("")}
-for path in sys.argv[1:]:
+for path in sys.argv[2:]:
     ctypes.CDLL(path)
     report[path] = loaded.added(path)
-ctypes.CDLL(sys.argv[1])  # loaded again: nothing new at all
-report["again"] = loaded.added(sys.argv[1])
+ctypes.CDLL(sys.argv[2])  # loaded again: nothing new at all
+report["again"] = loaded.added(sys.argv[2])
 print(json.dumps(report))
 """
 
 
-def test_each_load_lists_what_came_with_it(libs: dict[str, Path]) -> None:
+@pytest.mark.parametrize(
+    "looks",
+    [
+        "ctypes",
+        pytest.param("C", marks=pytest.mark.skipif(not BUILT, reason="the C accelerator is not built")),
+    ],
+)
+def test_each_load_lists_what_came_with_it(libs: dict[str, Path], looks: str) -> None:
     order = [libs["top"], libs["lone"], libs["link"], libs["opener"]]
     done = subprocess.run(
-        [sys.executable, "-c", STEPS, *map(str, order)],
+        [sys.executable, "-c", STEPS, looks, *map(str, order)],
         capture_output=True,
         text=True,
         timeout=30,
@@ -71,9 +85,11 @@ def test_each_load_lists_what_came_with_it(libs: dict[str, Path]) -> None:
     assert report[str(libs["opener"])] == [str(libs["opened"])]
 
 
-def test_a_traced_load_lists_what_its_constructor_opened(libs: dict[str, Path]) -> None:
+@pytest.mark.parametrize("pure", ["0", "1"], ids=["C", "pure"])
+def test_a_traced_load_lists_what_its_constructor_opened(libs: dict[str, Path], pure: str) -> None:
     code = f"import ctypes\nctypes.CDLL({str(libs['opener'])!r})\n"
-    result = importwatch("-c", code, env=clean_env(OPENER_LOADS=str(libs["opened"])))
+    env = clean_env(OPENER_LOADS=str(libs["opened"]), IMPORTWATCH_PURE=pure)
+    result = importwatch("-c", code, env=env)
     assert result.returncode == 0, result.stderr
     end = next(line for line in result.stderr.splitlines() if f"< dlopen {libs['opener']} " in line)
     assert end.endswith(f"; mapped 1 new: {libs['opened']}")

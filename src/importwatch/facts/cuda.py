@@ -11,7 +11,7 @@ import os
 import sys
 
 from importwatch.events import torch_build
-from importwatch.facts.elf import cuda_needs, library_stem
+from importwatch.facts.libnames import cuda_needs, library_stem
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

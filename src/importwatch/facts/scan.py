@@ -17,7 +17,8 @@ import time
 from importlib.machinery import EXTENSION_SUFFIXES
 
 from importwatch.facts import cuda
-from importwatch.facts.elf import cuda_needs, library_stem, read_dynamic
+from importwatch.facts.elf import read_dynamic
+from importwatch.facts.libnames import cuda_needs, library_stem, torch_links
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -25,7 +26,6 @@ if TYPE_CHECKING:
 
     from importwatch.facts.cuda import TorchFacts
 
-TORCH_STEMS = ("libc10", "libtorch", "libshm", "libcaffe2")
 # Folders that hold no code of their own, or code the loader never maps from there.
 _SKIP_DIRS = frozenset({"__pycache__", ".git", "tests", "test"})
 # The runtimes themselves: their CUDA is the one they ship, not a need to check against torch's.
@@ -284,9 +284,9 @@ def _look(result: ScanResult, path: str, package: str, root: str) -> None:
         return
     result.shared_objects += 1
     needs = cuda_needs(info.needed)
-    torch_links = [name for name in info.needed if library_stem(name).startswith(TORCH_STEMS)]
-    if needs or torch_links:
-        result.libraries.append(Library(path, package, needs, torch_links, _module_of(path, root)))
+    links = torch_links(info.needed)
+    if needs or links:
+        result.libraries.append(Library(path, package, needs, links, _module_of(path, root)))
 
 
 def verdicts(result: ScanResult, torch: TorchFacts | None, driver: str | None) -> list[tuple[Library, str]]:

@@ -13,6 +13,7 @@ import os
 import sys
 
 from importwatch.events import NATIVE, NATIVE_END, VERDICT
+from importwatch.tracing.accelerator import ACCELERATOR
 from importwatch.tracing.hook import as_importlib_frame
 
 TYPE_CHECKING = False
@@ -20,13 +21,12 @@ if TYPE_CHECKING:
     from typing import Any, Callable
 
     from importwatch.facts.cuda import TorchFacts
-    from importwatch.facts.elf import DynamicInfo
     from importwatch.facts.loaded import LoadedObjects
     from importwatch.facts.mapped import MappedObjects
     from importwatch.tracing.hook import TracedStep, Tracer
 
-
-_TORCH = ("libc10", "libtorch", "libshm", "libcaffe2")  # torch's own libraries, by name stem
+    # What a file links, as (needed, rpath, runpath, soname): facts/elf.py's DynamicInfo as a tuple.
+    Dynamic = tuple[tuple[str, ...], str | None, str | None, str | None]
 
 
 def _call(function: Callable, *args: Any) -> Any:
@@ -62,14 +62,14 @@ class NativeLoads:
         self.tell_mapped = False
 
     def fact(self, name: str) -> Any:
-        """importwatch.facts.NAME (elf, cuda, loaded, mapped, dists), imported on the first load that needs it.
+        """importwatch.facts.NAME (libnames, elf, cuda, loaded, mapped, dists), imported on the first load that needs it.
 
         Not at start-up, which they would make slower for every traced program, loads or not; and
         through import_own, so that no line of ours stands among the program's. What they import
-        of ours must be imported first, the same way: cuda imports elf.
+        of ours must be imported first, the same way: cuda imports libnames.
         """
         if name == "cuda":
-            self.tracer.import_own("importwatch.facts.elf")
+            self.tracer.import_own("importwatch.facts.libnames")
         return self.tracer.import_own("importwatch.facts." + name)
 
     def install(self) -> None:
@@ -88,6 +88,13 @@ class NativeLoads:
         ctypes = sys.modules.get("ctypes")
         if ctypes is not None:
             self.wrap_ctypes(ctypes)
+
+    def first_facts(self) -> tuple[str, ...]:
+        """The facts modules every process's first native load runs (math, _json, _struct are such loads):
+        start-up reads their compiled files, and the load runs them from those bytes (tracing/standby.py),
+        0.3 ms quicker than an import of ours there. ELF files are read by the accelerator where it is built."""
+        first = ("importwatch.facts.libnames", "importwatch.facts.mapped")
+        return first if getattr(ACCELERATOR, "read_dynamic", None) else (*first, "importwatch.facts.elf")
 
     def arrivals(self) -> dict[str, Callable[[Any], None]]:
         """ctypes, wrapped when it arrives if it has not yet (Session connects it)."""
@@ -158,12 +165,11 @@ class NativeLoads:
         """The start line and any verdict, before dlopen; True when the mapped set may grow."""
         path = fields["path"]
         try:
-            elf = self.fact("elf")
-            info = elf.read_dynamic(path) if os.sep in path else None  # a bare ctypes name is no file yet
-            needs = elf.cuda_needs(info.needed) if info is not None else []
+            dynamic = self._dynamic(path) if os.sep in path else None  # a bare ctypes name is no file yet
+            needs = self.fact("libnames").cuda_needs(dynamic[0]) if dynamic is not None else []
         except Exception as error:  # never let our reading of the file stop the load
             self.tracer.internal_error("reading ELF", error)
-            info, needs = None, []
+            dynamic, needs = None, []
         if needs:
             fields["needs"] = needs
         if self.tell_mapped:
@@ -172,15 +178,23 @@ class NativeLoads:
         if self._loaded is None:
             self._start_loaded()
         try:
-            stem = self.fact("elf").library_stem
-            if needs or (info is not None and any(stem(n).startswith(_TORCH) for n in info.needed)):
-                self._say_verdicts(frame, path, info)
-            if info is None or self._loaded:  # the loader's counters make a look cheap
+            if needs or (dynamic is not None and self.fact("libnames").torch_links(dynamic[0])):
+                self._say_verdicts(frame, path, dynamic)
+            if dynamic is None or self._loaded:  # the loader's counters make a look cheap
                 return True
-            return self._mapped().needs_rescan(info.needed)
+            return self._mapped().needs_rescan(dynamic[0])
         except Exception as error:
             self.tracer.internal_error("CUDA verdicts", error)
             return False
+
+    def _dynamic(self, path: str) -> Dynamic | None:
+        """What the file at PATH links, or None where it is no readable ELF file: read by the C accelerator
+        where it is built (_speedups_elf.h: 10 us, and no module of ours to import), else by elf.py."""
+        read = getattr(ACCELERATOR, "read_dynamic", None)
+        if read is not None:
+            return read(path)
+        info = self.fact("elf").read_dynamic(path)
+        return None if info is None else (info.needed, info.rpath, info.runpath, info.soname)
 
     # -- what a load says beyond its start and end -----------------------------------------
     def torch_facts(self) -> tuple[TorchFacts | None, str | None]:
@@ -190,8 +204,9 @@ class NativeLoads:
             self._facts = (cuda.find_torch(), cuda.driver_version())
         return self._facts
 
-    def _say_verdicts(self, frame: TracedStep, path: str, info: DynamicInfo) -> None:
+    def _say_verdicts(self, frame: TracedStep, path: str, dynamic: Dynamic) -> None:
         torch, driver = self.torch_facts()
+        info = self.fact("elf").DynamicInfo(*dynamic)
         verdicts = self.fact("cuda").native_verdicts(path, info, torch, driver)
         # torch's own files need no pin against torch; skipping them also spares `import torch`
         # the read of torch's RECORD (14,000 lines, about 20 ms).
@@ -279,7 +294,14 @@ class NativeLoads:
         if ctypes is None or getattr(getattr(ctypes, "__spec__", None), "_initializing", False):
             return  # not yet; ctypes's own import loads _ctypes before it defines what we need
         try:
-            self._loaded = self.fact("loaded").LoadedObjects(ctypes)  # what is loaded now is its baseline
+            loaded = self.fact("loaded")
+            # The accelerator walks the same list in C, sparing ctypes types and callbacks of ours; still
+            # only once the program has ctypes, so that both twins name the same objects.
+            if hasattr(ACCELERATOR, "loaded_names"):
+                looks = (ACCELERATOR.loaded_counters, ACCELERATOR.loaded_names)
+            else:
+                looks = loaded.through_ctypes(ctypes)
+            self._loaded = loaded.LoadedObjects(*looks)  # what is loaded now is its baseline
         except Exception:  # no dl_iterate_phdr, a ctypes that is not the standard one, ...
             self._loaded = False
 

@@ -97,6 +97,7 @@ class Session:
         self.tracer.install()
         self.doors.install()  # waits for modules still initialising, bodies run by loaders
         self.native.install()
+        self.standby.read(self.native.first_facts())  # else imported by the first load, as any of ours
         if any(name in sys.modules for name in BLOCKING_TARGETS):
             self._blocking_steps()  # torch's init steps, wrapped now or when their modules arrive
         self._connect_arrivals()

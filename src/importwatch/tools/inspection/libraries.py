@@ -6,7 +6,8 @@ from __future__ import annotations
 import os
 
 from importwatch.facts import cuda, dists, scan
-from importwatch.facts.elf import cuda_needs, library_stem, read_dynamic
+from importwatch.facts.elf import read_dynamic
+from importwatch.facts.libnames import TORCH_STEMS, cuda_needs, library_stem, torch_links
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -45,7 +46,7 @@ def find_torch_for(
     """torch as the process has it: the one whose libraries it mapped, else the one on its search path."""
     for path in mapped:
         folder = os.path.dirname(path)
-        if library_stem(path).startswith(scan.TORCH_STEMS) and folder.endswith("/torch/lib"):
+        if library_stem(path).startswith(TORCH_STEMS) and folder.endswith("/torch/lib"):
             facts = cuda.find_torch([os.path.dirname(os.path.dirname(folder))], environ)
             if facts is not None:
                 return facts
@@ -57,9 +58,9 @@ def library_facts(path: str, torch: TorchFacts | None, driver: str | None, owner
     info = read_dynamic(path)
     needed = list(info.needed) if info is not None else []
     needs = cuda_needs(needed)
-    torch_links = [name for name in needed if library_stem(name).startswith(scan.TORCH_STEMS)]
+    links = torch_links(needed)
     verdicts = cuda.native_verdicts(path, info, torch, driver) if info is not None else []
-    owner = owners.owner(path) if (needs or torch_links) else None
+    owner = owners.owner(path) if (needs or links) else None
     if owner is not None:
         said = dists.verdict(owner, torch)
         if said:
@@ -67,7 +68,7 @@ def library_facts(path: str, torch: TorchFacts | None, driver: str | None, owner
     return {
         "path": path,
         "needs": needs,
-        "torch_links": torch_links,
+        "torch_links": links,
         "distribution": f"{owner.name} {owner.version}" if owner is not None else None,
         "verdicts": verdicts,
     }
