@@ -7,6 +7,7 @@ while the program runs (as a file system that blocks would hold them) or leave o
 from __future__ import annotations
 
 import compileall
+import importlib.util
 import os
 import py_compile
 import shutil
@@ -173,6 +174,33 @@ def test_the_report_s_modules_run_from_their_bytes_take_nothing_held_back(tmp_pa
         assert done.stdout == "kit ran: True\nseen: [] False\n", (how, done.stderr)
         ours = [line for line in done.stderr.splitlines() if " importwatch-heartbeat] " in line]
         assert not [line for line in ours if "> " in line], (how, ours)
+
+
+def _native_module() -> str:
+    """An extension module this Python loads from a file: a native load."""
+    for name in ("math", "_json", "_struct", "select", "_socket"):
+        spec = importlib.util.find_spec(name)
+        if spec is not None and (spec.origin or "").endswith(".so"):
+            return name
+    pytest.skip("every probed extension module is built into this interpreter")
+
+
+@pytest.mark.parametrize("pure", ["0", "1"], ids=["C", "pure"])
+def test_a_first_native_load_s_facts_run_from_their_bytes_take_nothing_held_back(
+    tmp_path: Path, copy: Path, pure: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The facts modules read at start-up for the first native load (native.FIRST_FACTS) run in the program's
+    import: one importing __future__ there would make it the program's, logged and left in sys.modules."""
+    (tmp_path / "run.py").write_text(f"import sys, {_native_module()}\nprint('__future__' in sys.modules)\n")
+    plain = subprocess.run(
+        [sys.executable, "run.py"], cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=60
+    )
+    assert plain.stdout == "False\n", plain.stderr
+    monkeypatch.setenv("IMPORTWATCH_PURE", pure)
+    for how in ("runner", "IMPORTWATCH=1"):
+        done = _run(how, copy, tmp_path)
+        assert done.stdout == "False\n" and "> __future__" not in done.stderr, (how, done.stderr)
+        assert "> dlopen " in done.stderr and "internal error" not in done.stderr, (how, done.stderr)
 
 
 def _imported_the_usual_way(copy: Path, cwd: Path, writes_bytecode: bool = True) -> set[str]:

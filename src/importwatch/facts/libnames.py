@@ -6,8 +6,8 @@ every load, before dlopen, and so they live apart from the ELF reader
 (facts/elf.py), which the C accelerator's own reader replaces there.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: run from bytes read at start-up (tracing/native.py's
+# first_facts), this module may import nothing that start-up holds back from the program, __future__ included.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -52,7 +52,7 @@ def library_stem(name: str) -> str:
 TORCH_STEMS = ("libc10", "libtorch", "libshm", "libcaffe2")
 
 
-def cuda_needs(needed: Iterable[str]) -> list[str]:
+def cuda_needs(needed: "Iterable[str]") -> list[str]:
     """The CUDA-related names among NEEDED, in their order."""
     found = []
     for name in needed:
@@ -62,6 +62,6 @@ def cuda_needs(needed: Iterable[str]) -> list[str]:
     return found
 
 
-def torch_links(needed: Iterable[str]) -> list[str]:
+def torch_links(needed: "Iterable[str]") -> list[str]:
     """The names among NEEDED that are torch's own libraries, in their order."""
     return [name for name in needed if library_stem(name).startswith(TORCH_STEMS)]

@@ -7,8 +7,8 @@ the libcudart.so.12 the loader asked for), so the names a DT_NEEDED entry may
 use are derived from each file name.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: run from bytes read at start-up (tracing/native.py's
+# first_facts), this module may import nothing that start-up holds back from the program, __future__ included.
 import os
 
 TYPE_CHECKING = False
@@ -37,7 +37,7 @@ def _is_shared_object(path: bytes) -> bool:
 class MappedObjects:
     """The shared objects mapped in process PID ("self" by default), kept up to date by rescan()."""
 
-    def __init__(self, pid: int | str = "self") -> None:
+    def __init__(self, pid: "int | str" = "self") -> None:
         self.maps = f"/proc/{pid}/maps"
         self.paths: dict[str, None] = {}  # in maps order, which is by address
         self._noted: dict[str, None] = {}  # loaded since the last scan, as given to note()
@@ -59,7 +59,7 @@ class MappedObjects:
             os.close(fd)
         return b"".join(chunks)
 
-    def scan(self) -> dict[str, None] | None:
+    def scan(self) -> "dict[str, None] | None":
         """The paths of the shared objects mapped now, in maps order; None when the maps cannot be read."""
         try:
             data = self._read()
@@ -122,7 +122,7 @@ class MappedObjects:
         """Basenames of the mapped objects, and the sonames each basename may stand for."""
         return frozenset(self._names)
 
-    def needs_rescan(self, needed: Iterable[str]) -> bool:
+    def needs_rescan(self, needed: "Iterable[str]") -> bool:
         """True when a name in NEEDED (DT_NEEDED of a file about to load) is not mapped yet."""
         names = self._names
         return any(name.rsplit("/", 1)[-1] not in names for name in needed)

@@ -28,6 +28,12 @@ if TYPE_CHECKING:
     # What a file links, as (needed, rpath, runpath, soname): facts/elf.py's DynamicInfo as a tuple.
     Dynamic = tuple[tuple[str, ...], str | None, str | None, str | None]
 
+# The facts modules every process's first native load runs (math, _json, _struct are such loads): start-up
+# reads their compiled files, and that load runs them from those bytes (tracing/standby.py), 0.3 ms quicker
+# than an import of ours there. Neither imports __future__, which start-up holds back from the program.
+# elf.py, which reads the ELF files where the C accelerator is not built, is imported then, lent it.
+FIRST_FACTS = ("importwatch.facts.libnames", "importwatch.facts.mapped")
+
 
 def _call(function: Callable, *args: Any) -> Any:
     return function(*args)
@@ -88,13 +94,6 @@ class NativeLoads:
         ctypes = sys.modules.get("ctypes")
         if ctypes is not None:
             self.wrap_ctypes(ctypes)
-
-    def first_facts(self) -> tuple[str, ...]:
-        """The facts modules every process's first native load runs (math, _json, _struct are such loads):
-        start-up reads their compiled files, and the load runs them from those bytes (tracing/standby.py),
-        0.3 ms quicker than an import of ours there. ELF files are read by the accelerator where it is built."""
-        first = ("importwatch.facts.libnames", "importwatch.facts.mapped")
-        return first if getattr(ACCELERATOR, "read_dynamic", None) else (*first, "importwatch.facts.elf")
 
     def arrivals(self) -> dict[str, Callable[[Any], None]]:
         """ctypes, wrapped when it arrives if it has not yet (Session connects it)."""
