@@ -391,3 +391,37 @@ def test_the_twins_answer_alike_on_every_shared_object_here_whole_and_damaged(tm
             nothing += python is None
             assert _c_read_dynamic(str(damaged)) == python
     assert 100 < nothing < 2900  # damage both ways: files still read, and files refused
+
+
+BLOCKED_READ = """
+import os, sys, threading
+from importwatch.facts import elf
+from importwatch.tracing import _speedups
+read = elf.read_dynamic if sys.argv[2] == "python" else _speedups.read_dynamic
+path, found = sys.argv[1], []
+reader = threading.Thread(target=lambda: found.append(read(path)))
+reader.start()  # its open waits for a writer
+reader.join(0.3)
+try:
+    with open(path, "wb") as fifo:  # this thread runs only if the reader let go of the GIL
+        fifo.write(b"not an ELF file at all\\n")
+except BrokenPipeError:
+    pass  # the reader's pread failed at once (a FIFO cannot seek), and it closed its end
+reader.join()
+print(found)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("reader", ["python", pytest.param("C", marks=needs_accelerator)])
+def test_a_read_that_blocks_lets_the_program_s_other_threads_run(tmp_path: Path, reader: str) -> None:
+    """A file system that blocks as a library's headers are read (a FIFO stands for one: its open waits for
+    a writer) stops the loading thread alone: the C reader lets go of the GIL around each system call, as
+    os.open and os.pread do, so the watchdog can name the load, and the program's other threads go on."""
+    fifo = tmp_path / "libslow.so"
+    os.mkfifo(fifo)
+    done = subprocess.run(
+        [sys.executable, "-c", BLOCKED_READ, str(fifo), reader], capture_output=True, text=True, timeout=30
+    )
+    assert (done.returncode, done.stdout) == (0, "[None]\n"), done.stderr
