@@ -24,10 +24,9 @@ static const uint64_t elf_named_tags[3] = {15 /* DT_RPATH */, 29 /* DT_RUNPATH *
 #define ELF_OFF_MAX (sizeof(off_t) == 8 ? (uint64_t)INT64_MAX : (uint64_t)INT32_MAX)
 
 typedef struct {
-    int fd, big, word;     /* the file; its byte order; 8 in ELF64, 4 in ELF32 */
-    Py_ssize_t count;      /* DT_NEEDED entries */
-    char **strings;        /* count names, then rpath, runpath, soname (NULL: absent); each PyMem_Raw'd */
-    unsigned char *buffer; /* the last table read */
+    int fd, big;      /* the file, and its byte order */
+    Py_ssize_t count; /* DT_NEEDED entries */
+    char **strings;   /* count names, then rpath, runpath, soname (NULL: absent); each PyMem_Raw'd */
 } ElfRead;
 
 /* An unsigned SIZE-byte number at AT, in the file's byte order. */
@@ -51,14 +50,14 @@ static Py_ssize_t elf_pread(const ElfRead *elf, unsigned char *buffer, uint64_t 
     return got;
 }
 
-/* elf.py's _pread: exactly SIZE bytes at OFFSET, into elf->buffer (kept there); NULL where short or failing. */
-static unsigned char *elf_exactly(ElfRead *elf, uint64_t size, uint64_t offset) {
-    PyMem_RawFree(elf->buffer);
-    elf->buffer = PyMem_RawMalloc(size ? (size_t)size : 1);
-    if (elf->buffer == NULL || elf_pread(elf, elf->buffer, size, offset) != (Py_ssize_t)size) {
-        return NULL;
+/* elf.py's _pread: exactly SIZE bytes at OFFSET, in a buffer the caller frees; NULL where short or failing. */
+static unsigned char *elf_exactly(const ElfRead *elf, uint64_t size, uint64_t offset) {
+    unsigned char *buffer = PyMem_RawMalloc(size ? (size_t)size : 1);
+    if (buffer != NULL && elf_pread(elf, buffer, size, offset) != (Py_ssize_t)size) {
+        PyMem_RawFree(buffer);
+        buffer = NULL;
     }
-    return elf->buffer;
+    return buffer;
 }
 
 static char *elf_copy(const unsigned char *text, size_t size) {
@@ -110,7 +109,6 @@ static int elf_read(ElfRead *elf) {
     }
     int wide = head[4] == 2, word = wide ? 8 : 4;
     elf->big = head[5] == 2;
-    elf->word = word;
     if ((wide ? 60 : 48) > got) { /* the fields read below: past a short head, elf.py's _Corrupt */
         return 0;
     }
@@ -120,49 +118,46 @@ static int elf_read(ElfRead *elf) {
     uint64_t phnum = elf_number(elf, head + (wide ? 56 : 44), 2);
     uint64_t shentsize = elf_number(elf, head + (wide ? 58 : 46), 2);
     if (phnum == ELF_PN_XNUM) { /* the real count is section header 0's sh_info */
-        const unsigned char *section = elf_exactly(elf, shentsize, shoff);
-        if (section == NULL || (uint64_t)(wide ? 48 : 32) > shentsize) {
-            return 0;
-        }
-        phnum = elf_number(elf, section + (wide ? 44 : 28), 4);
+        unsigned char *section = elf_exactly(elf, shentsize, shoff);
+        int whole = section != NULL && shentsize >= (uint64_t)(wide ? 48 : 32);
+        phnum = whole ? elf_number(elf, section + (wide ? 44 : 28), 4) : 0; /* 0: None, below */
+        PyMem_RawFree(section);
     }
     if (phnum == 0 || phentsize < (uint64_t)(wide ? 56 : 32) || phentsize % word ||
         phentsize * phnum > ELF_MAX_TABLE) {
         return 0;
     }
     uint64_t table_size = phentsize * phnum, stride = phentsize;
-    const unsigned char *table = phoff <= (uint64_t)got && table_size <= (uint64_t)got - phoff
-                                     ? head + phoff
-                                     : elf_exactly(elf, table_size, phoff);
+    int in_head = phoff <= (uint64_t)got && table_size <= (uint64_t)got - phoff;
+    unsigned char *owned = in_head ? NULL : elf_exactly(elf, table_size, phoff); /* freed at done */
+    const unsigned char *table = in_head ? head + phoff : owned;
     if (table == NULL) {
         return 0;
     }
     /* Each entry's p_type (the low half of ELF64's first word), p_offset, p_vaddr and p_filesz words. */
 #define ENTRY_WORD(entry, index) elf_number(elf, table + (entry) * stride + (index) * word, word)
 #define ENTRY_TYPE(entry) ((ENTRY_WORD(entry, 0) >> (wide && elf->big ? 32 : 0)) & 0xFFFFFFFFu)
+    unsigned char *pairs = NULL; /* the dynamic entries, freed at done */
+    uint64_t *needed = NULL;     /* DT_NEEDED's string offsets, freed at done */
+    int found = 0;
     uint64_t dynamic = phnum;
     for (uint64_t entry = 0; entry < phnum && dynamic == phnum; entry++) {
         dynamic = ENTRY_TYPE(entry) == ELF_PT_DYNAMIC ? entry : phnum;
     }
     if (dynamic == phnum) {
-        return 1; /* statically linked: it asks nothing of the dynamic linker */
+        found = 1; /* statically linked: it asks nothing of the dynamic linker */
+        goto done;
     }
     uint64_t offset = ENTRY_WORD(dynamic, 1), size = ENTRY_WORD(dynamic, 4);
     if (size > ELF_MAX_TABLE || size < (uint64_t)(2 * word)) {
-        return 0;
+        goto done;
     }
     /* The dynamic entries, up to DT_NULL: DT_NEEDED's in order, and the last of each other tag. */
     uint64_t pair = 2 * (uint64_t)word, entries = size / pair;
-    unsigned char *table_copy = PyMem_RawMalloc((size_t)table_size);
-    if (table_copy == NULL) {
-        return 0;
-    }
-    memcpy(table_copy, table, (size_t)table_size);
-    table = table_copy;
-    const unsigned char *pairs = elf_exactly(elf, entries * pair, offset);
-    uint64_t *needed = pairs ? PyMem_RawMalloc((size_t)entries * sizeof(uint64_t) + 1) : NULL;
+    pairs = elf_exactly(elf, entries * pair, offset);
+    needed = pairs ? PyMem_RawMalloc((size_t)entries * sizeof(uint64_t) + 1) : NULL;
     uint64_t strtab = 0, strsz = 0, named[3] = {0, 0, 0};
-    int has_strtab = 0, has_strsz = 0, has_named[3] = {0, 0, 0}, ended = 0, found = 0;
+    int has_strtab = 0, has_strsz = 0, has_named[3] = {0, 0, 0}, ended = 0;
     Py_ssize_t count = 0;
     for (uint64_t i = 0; needed != NULL && i < entries && !ended; i++) {
         uint64_t tag = elf_number(elf, pairs + i * pair, word), value = elf_number(elf, pairs + i * pair + word, word);
@@ -200,11 +195,11 @@ static int elf_read(ElfRead *elf) {
         uint64_t vaddr = ENTRY_WORD(entry, 2), filesz = ENTRY_WORD(entry, 4);
         if (ENTRY_TYPE(entry) == ELF_PT_LOAD && vaddr <= strtab && strtab - vaddr < filesz) {
             uint64_t start = ENTRY_WORD(entry, 1);
-            located = strtab - vaddr <= UINT64_MAX - start;
-            base = strtab - vaddr + start; /* beyond 64 bits: elf.py's pread overflows, None here too */
-            if (!located) {
-                goto done;
+            if (strtab - vaddr > UINT64_MAX - start) {
+                goto done; /* beyond 64 bits: elf.py's pread overflows, None here too */
             }
+            base = strtab - vaddr + start;
+            located = 1;
         }
     }
 #undef ENTRY_TYPE
@@ -241,7 +236,8 @@ static int elf_read(ElfRead *elf) {
     }
     PyMem_RawFree(block);
 done:
-    PyMem_RawFree(table_copy);
+    PyMem_RawFree(owned);
+    PyMem_RawFree(pairs);
     PyMem_RawFree(needed);
     return found;
 }
@@ -251,9 +247,7 @@ static void elf_clear(ElfRead *elf) {
         PyMem_RawFree(elf->strings[i]);
     }
     PyMem_RawFree(elf->strings);
-    PyMem_RawFree(elf->buffer);
     elf->strings = NULL;
-    elf->buffer = NULL;
 }
 
 /* read_dynamic(path): elf.read_dynamic's values as (needed, rpath, runpath, soname), or None. */
@@ -264,7 +258,7 @@ static PyObject *read_dynamic(PyObject *module, PyObject *path) {
         PyErr_Clear();
         Py_RETURN_NONE;
     }
-    ElfRead elf = {-1, 0, 0, 0, NULL, NULL};
+    ElfRead elf = {-1, 0, 0, NULL};
     int found = 0;
     Py_BEGIN_ALLOW_THREADS
     do {

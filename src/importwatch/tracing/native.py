@@ -24,14 +24,15 @@ if TYPE_CHECKING:
     from importwatch.facts.loaded import LoadedObjects
     from importwatch.facts.mapped import MappedObjects
     from importwatch.tracing.hook import TracedStep, Tracer
+    from importwatch.tracing.standby import Standby
 
     # What a file links, as (needed, rpath, runpath, soname): facts/elf.py's DynamicInfo as a tuple.
     Dynamic = tuple[tuple[str, ...], str | None, str | None, str | None]
 
-# The facts modules every process's first native load runs (math, _json, _struct are such loads): start-up
-# reads their compiled files, and that load runs them from those bytes (tracing/standby.py), 0.3 ms quicker
-# than an import of ours there. Neither imports __future__, which start-up holds back from the program.
-# elf.py, which reads the ELF files where the C accelerator is not built, is imported then, lent it.
+# The facts modules every process's first native load runs (math, _json, _struct are such loads): that load
+# reads their compiled files and runs them with no finder (tracing/standby.py), 0.3 ms quicker than an
+# import of ours there. Neither imports __future__, which start-up holds back from the program. elf.py,
+# which reads the ELF files where the C accelerator is not built, is imported the usual way, lent it.
 FIRST_FACTS = ("importwatch.facts.libnames", "importwatch.facts.mapped")
 
 
@@ -53,8 +54,9 @@ def _named_call(path: str, owner: str) -> Callable:
 class NativeLoads:
     """Wraps the places where Python code calls dlopen, and reports each call."""
 
-    def __init__(self, tracer: Tracer) -> None:
+    def __init__(self, tracer: Tracer, standby: Standby | None = None) -> None:
         self.tracer = tracer
+        self.standby = standby  # runs FIRST_FACTS from their compiled files (see fact)
         self.sink = tracer.sink
         self._create_module: Callable | None = None
         self._ctypes: Any = None
@@ -75,8 +77,11 @@ class NativeLoads:
         of ours must be imported first, the same way: cuda imports libnames.
         """
         if name == "cuda":
-            self.tracer.import_own("importwatch.facts.libnames")
-        return self.tracer.import_own("importwatch.facts." + name)
+            self.fact("libnames")
+        module = "importwatch.facts." + name
+        if module in FIRST_FACTS and module not in sys.modules and self.standby is not None:
+            self.standby.read((module,))  # import_own then runs it from these bytes
+        return self.tracer.import_own(module)
 
     def install(self) -> None:
         if self._create_module is None:
@@ -165,10 +170,12 @@ class NativeLoads:
         path = fields["path"]
         try:
             dynamic = self._dynamic(path) if os.sep in path else None  # a bare ctypes name is no file yet
-            needs = self.fact("libnames").cuda_needs(dynamic[0]) if dynamic is not None else []
+            needed = dynamic[0] if dynamic is not None else ()
+            names = self.fact("libnames")
+            needs, links_torch = names.cuda_needs(needed), bool(names.torch_links(needed))
         except Exception as error:  # never let our reading of the file stop the load
             self.tracer.internal_error("reading ELF", error)
-            dynamic, needs = None, []
+            dynamic, needs, links_torch = None, [], False
         if needs:
             fields["needs"] = needs
         if self.tell_mapped:
@@ -177,7 +184,7 @@ class NativeLoads:
         if self._loaded is None:
             self._start_loaded()
         try:
-            if needs or (dynamic is not None and self.fact("libnames").torch_links(dynamic[0])):
+            if dynamic is not None and (needs or links_torch):
                 self._say_verdicts(frame, path, dynamic)
             if dynamic is None or self._loaded:  # the loader's counters make a look cheap
                 return True

@@ -21,7 +21,7 @@ from importwatch.tracing.doors import Doors
 from importwatch.tracing.faults import SharedFaulthandler
 from importwatch.tracing.handback import Held
 from importwatch.tracing.hook import NEVER, NO_COVER, Tracer, as_importlib_frame
-from importwatch.tracing.native import FIRST_FACTS, NativeLoads
+from importwatch.tracing.native import NativeLoads
 from importwatch.tracing.sink import CLOCKS, Sink
 from importwatch.tracing.standby import Standby
 from importwatch.tracing.watchdog import Watchdog
@@ -67,7 +67,7 @@ class Session:
         self.standby = Standby()
         lending = self.held.lending(self.tracer.import_own)
         self.tracer.import_own = self.standby.serving(lending)  # type: ignore[method-assign]
-        self.native = NativeLoads(self.tracer)
+        self.native = NativeLoads(self.tracer, self.standby)
         self.blocking: BlockingSteps | None = None  # see BLOCKING_TARGETS
         self._blocking_lock = _thread.allocate_lock()  # two threads may bring targets in at once
         self.doors = Doors(self.tracer)
@@ -97,7 +97,6 @@ class Session:
         self.tracer.install()
         self.doors.install()  # waits for modules still initialising, bodies run by loaders
         self.native.install()
-        self.standby.read(FIRST_FACTS)  # else imported by the first native load, as any of ours
         if any(name in sys.modules for name in BLOCKING_TARGETS):
             self._blocking_steps()  # torch's init steps, wrapped now or when their modules arrive
         self._connect_arrivals()
