@@ -52,7 +52,11 @@ def hanging_pth(env_dir: Path, tmp_path: Path):
     def _add(line: str) -> Path:
         modules = tmp_path / "mods"
         modules.mkdir(exist_ok=True)
-        (modules / "hangmod.py").write_text("import time\ntime.sleep(120)\n")
+        # It leaves a mark once it runs, so a test can wait for the hang itself.
+        mark = tmp_path / "hangmod-runs"
+        (modules / "hangmod.py").write_text(
+            f"import time\nopen({str(mark)!r}, 'w').close()\ntime.sleep(120)\n"
+        )
         pth = _site(env_dir) / "zz-hang.pth"
         pth.write_text(f"# a comment\n{modules}\n{line}\n")
         added.append(pth)
@@ -110,7 +114,7 @@ def test_inspect_says_site_runs_that_pth_line(env_dir: Path, hanging_pth, tmp_pa
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 30
-        while "hangmod" not in _maps_or_fds(process.pid) and time.monotonic() < deadline:
+        while not (tmp_path / "hangmod-runs").exists() and time.monotonic() < deadline:
             time.sleep(0.1)
         env = clean_env(PATH=f"{Path(PYSPY).parent}:{os.environ.get('PATH', '')}")
         done = subprocess.run(
@@ -122,14 +126,6 @@ def test_inspect_says_site_runs_that_pth_line(env_dir: Path, hanging_pth, tmp_pa
         process.wait()
     assert f"in site, before the program starts: running line 3 of {pth}" in done.stdout, done.stdout
     assert "could not ask" not in done.stdout, done.stdout
-
-
-def _maps_or_fds(pid: int) -> str:
-    """What shows the process reached hangmod: its cmdline never changes, so its open files tell."""
-    try:
-        return " ".join(os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd"))
-    except OSError:
-        return ""
 
 
 def test_inspect_runs_none_of_the_targets_pth_code(env_dir: Path, tmp_path: Path) -> None:
