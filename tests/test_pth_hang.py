@@ -105,6 +105,37 @@ def test_a_pth_line_that_returns_is_a_step_that_ends(env_dir: Path, hanging_pth)
     assert any(text.split("] ", 1)[1].startswith("< step .pth ") for text in lines[start + 2 :])
 
 
+@pytest.mark.parametrize("pure", ["0", "1"], ids=["C", "pure"])
+def test_a_pth_line_that_fails_prints_site_s_traceback_as_plain_python(
+    env_dir: Path, hanging_pth, pure: str
+) -> None:
+    # site prints a failing line's traceback and reads on; the line runs in site's frame and sees its locals.
+    pth = hanging_pth("import sys; print(sorted(locals())); raise ValueError('bad line')")
+    command = [_python(env_dir), "-c", "print('ran')"]
+    plain = subprocess.run(command, capture_output=True, text=True, env=clean_env(), timeout=60)
+    assert plain.returncode == 0 and plain.stdout.endswith("ran\n") and "sitedir" in plain.stdout, plain
+    traced = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        env=clean_env(IMPORTWATCH="1", IMPORTWATCH_PURE=pure),
+        timeout=60,
+    )
+    assert (traced.returncode, traced.stdout) == (0, plain.stdout), traced.stderr
+    site_says = [line for line in traced.stderr.splitlines() if not line.startswith("[importwatch")]
+    ours = [line for line in site_says if "importwatch" in line]
+    if pure == "0":  # no frame of ours: site's report, word for word
+        assert site_says == plain.stderr.splitlines(), traced.stderr
+    else:  # the pure-Python twin's one frame in each (site may read the file twice: docs/limits.md)
+        assert len(ours) == plain.stderr.count("Traceback") > 0, traced.stderr
+        assert all("pthlines.py" in line for line in ours), traced.stderr
+        assert [line for line in site_says if line not in ours and "exec(source" not in line] == (
+            plain.stderr.splitlines()
+        ), traced.stderr
+    assert any(line.endswith(f"> step .pth {pth}:3") for line in traced.stderr.splitlines()), traced.stderr
+    assert "< step .pth " in traced.stderr and "failed ValueError: bad line" in traced.stderr
+
+
 @pytest.mark.skipif(PYSPY is None, reason="py-spy is not installed")
 def test_inspect_says_site_runs_that_pth_line(env_dir: Path, hanging_pth, tmp_path: Path) -> None:
     pth = hanging_pth("import hangmod")

@@ -488,27 +488,6 @@ class Tracer:
             fields["error"] = f"{type(error).__name__}: {error}"
         self.write(STEP_END, fields, depth)
 
-    def run_step(
-        self,
-        label: str,
-        fields: dict,
-        function: Callable,
-        args: tuple = (),
-        kwargs: dict | None = None,
-        context: Callable[[], list[str]] | None = None,
-        problems: tuple[str, ...] | list[str] = (),
-    ) -> Any:
-        """FUNCTION(*ARGS, **KWARGS) as a step (begin_step, end_step): .pth lines and phases, whose
-        caller is ours."""
-        token = self.begin_step(label, fields, context, problems)
-        try:
-            result = function(*args, **(kwargs or {}))
-        except BaseException as error:
-            self.end_step(token, error)
-            raise
-        self.end_step(token, None)
-        return result
-
     def write(self, kind: str, fields: dict, depth: int) -> None:
         """sink.event for a step's own lines, off the hot path: a line that cannot be written (a
         RecursionError at the program's depth) is lost, said once, and never raised into the program."""

@@ -14,11 +14,15 @@ import os
 import sys
 
 from importwatch.tracing import phases
+from importwatch.tracing.accelerator import ACCELERATOR
+from importwatch.tracing.hook import door
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from types import ModuleType
+    from types import FrameType, ModuleType
     from typing import Any, Callable
+
+    from importwatch.tracing.hook import Tracer
 
 STEP_NAME = ".pth"
 # What pyproject.toml installs: the .pth that switches tracing on. Its own line (site may run it
@@ -68,17 +72,51 @@ def _context(where: str, source: Any) -> str:
 
 
 def _traced_exec(path: str) -> Callable[..., None]:
-    def exec_line(source: Any, *args: Any) -> None:
-        tracer = phases._tracer
-        if args or tracer is None:
-            exec(source, *args)  # not site's call: as the builtin would
+    """What site's `exec(line)` finds for .pth file PATH: the builtin, with each line it runs a step.
+
+    With the C accelerator a door (hook.door) over the builtin: nothing of ours is on the stack while
+    the line runs, so exec runs it in site's frame as under plain python, and a line that fails
+    prints site's traceback as plain python does. The pure-Python twin is one frame of ours, which
+    gives exec site's globals and locals itself."""
+    if getattr(ACCELERATOR, "door", None) is not None:
+
+        def enter(source: Any, *args: Any, **kwargs: Any) -> tuple | None:
+            tracer = phases._tracer
+            if args or kwargs or tracer is None:
+                return None  # not site's call: the builtin, as it is
+            return tracer, _begin(tracer, path, sys._getframe(1), source)
+
+        def leave(token: tuple, error: BaseException | None) -> None:
+            tracer, step = token
+            tracer.end_step(step, error)
+
+        return door(exec, enter, leave)
+
+    def exec_line(source: Any, *args: Any, **kwargs: Any) -> None:
+        if args or kwargs:
+            exec(source, *args, **kwargs)  # not site's call: as the builtin would
             return
         caller = sys._getframe(1)
         # exec(line) in a function runs in the caller's globals and a copy of its locals: so here.
         scope = (caller.f_globals, dict(caller.f_locals))
-        number = caller.f_locals.get("n")
-        where = f"{path}:{number + _FIRST_LINE}" if isinstance(number, int) else path
-        label, fields = f"step {STEP_NAME} {where}", {"name": STEP_NAME, "detail": where}
-        tracer.run_step(label, fields, exec, (source, *scope), context=lambda: [_context(where, source)])
+        tracer = phases._tracer
+        if tracer is None:
+            exec(source, *scope)
+            return
+        step = _begin(tracer, path, caller, source)
+        try:
+            exec(source, *scope)
+        except BaseException as error:
+            tracer.end_step(step, error)
+            raise
+        tracer.end_step(step, None)
 
     return exec_line
+
+
+def _begin(tracer: Tracer, path: str, caller: FrameType, source: Any) -> tuple:
+    """The step of the line site runs from PATH (its number read from CALLER, site's addpackage)."""
+    number = caller.f_locals.get("n")
+    where = f"{path}:{number + _FIRST_LINE}" if isinstance(number, int) else path
+    fields = {"name": STEP_NAME, "detail": where}
+    return tracer.begin_step(f"step {STEP_NAME} {where}", fields, lambda: [_context(where, source)])
