@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from helpers import clean_env
+from test_accelerator import BUILT
 from test_side_by_side import RUNNER, _ours_removed, three_ways
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]  # every test here starts processes
@@ -117,6 +118,41 @@ def test_a_file_the_program_puts_at_the_watcher_s_pipe_is_never_locked_at_the_ex
     ):
         run = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=90)
         assert (run.returncode, run.stdout) == (0, "locks: 0\n"), (name, run.stdout, run.stderr)
+
+
+# -- the end of the interpreter -------------------------------------------------------------
+LAST_FINALISER = """
+import gc, os, sys
+ours = getattr(sys.modules.get("importwatch.tracing.session"), "_at_exit", None)
+
+
+class Last:
+    def __del__(self):  # as the interpreter clears __main__: after every exit handler, ours last
+        os.write(1, f"end {'-' if ours is None else gc.is_tracked(ours)}\\n".encode())
+
+
+last = Last()
+print("ran", flush=True)
+sys.exit(3)
+"""
+
+
+@pytest.mark.parametrize("pure", ["0", "1"], ids=["C", "pure"])
+def test_a_finaliser_at_the_very_end_runs_as_under_plain_python(tmp_path: Path, pure: str) -> None:
+    # Our last exit handler takes our functions out of the collector's passes (the C accelerator's
+    # keep_to_the_end): the program's finalisers, exit status and output are as under plain python.
+    (tmp_path / "prog.py").write_text(LAST_FINALISER)
+    plain = subprocess.run([sys.executable, "prog.py"], cwd=tmp_path, env=clean_env(), capture_output=True,
+                           text=True, timeout=60)  # fmt: skip
+    assert (plain.returncode, plain.stdout, plain.stderr) == (3, "ran\nend -\n", "")
+    kept = "False" if pure == "0" and BUILT else "True"  # untracked by the accelerator only
+    for name, command, env in (
+        ("runner", [*RUNNER, "prog.py"], clean_env(IMPORTWATCH_PURE=pure)),
+        ("IMPORTWATCH=1", [sys.executable, "prog.py"], clean_env(IMPORTWATCH="1", IMPORTWATCH_PURE=pure)),
+    ):
+        run = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+        assert (run.returncode, run.stdout) == (3, f"ran\nend {kept}\n"), (name, run.stdout, run.stderr)
+        assert _ours_removed(run.stderr) == "", (name, run.stderr)
 
 
 # -- a failure of ours leaves no step in flight ------------------------------------------------
