@@ -85,6 +85,12 @@ SUITES: dict[str, Suite] = {
         ("pytest", "hypothesis", "numpy==2.3.5"),
         wheel=True,
     ),
+    # psutil reads this process's threads, descriptors and children from the kernel: what tracing adds
+    # there (a thread of ours, a copy of stderr) is what its tests can see.
+    "psutil": Suite(
+        "psutil==7.1.3", ("psutil.tests",), ("pytest", "pytest-subtests", "psutil==7.1.3"), wheel=True
+    ),
+    "msgpack": Suite("msgpack==1.1.2", ("test",), ("pytest", "."), check="import msgpack._cmsgpack"),
     # pytest's own suite runs against the pytest built from the same sdist, with its dev extra.
     "pytest": Suite("pytest==9.2.0", ("testing",), (".[dev]",)),
 }
