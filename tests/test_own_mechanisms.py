@@ -39,6 +39,54 @@ def test_the_programs_own_faulthandler_deadline_fires_and_exits(tmp_path: Path) 
         assert "Timeout (0:00:01)!" in result.stderr, mode
 
 
+FAULTHANDLER_REFUSES = """
+    import faulthandler, pickle, traceback
+
+    calls = (
+        lambda: faulthandler.dump_traceback_later("soon"),
+        lambda: faulthandler.dump_traceback_later(-1),
+        lambda: faulthandler.enable(file=object()),
+        lambda: faulthandler.cancel_dump_traceback_later(1),
+        lambda: faulthandler.disable(all_threads=True),
+    )
+    for call in calls:
+        try:
+            call()
+        except Exception:
+            print(traceback.format_exc().replace(__file__, "JOB"))
+    for function in (faulthandler.enable, faulthandler.dump_traceback_later, faulthandler.is_enabled):
+        print(function.__module__, function.__name__, function.__qualname__, function.__doc__[:20])
+        print(pickle.loads(pickle.dumps(function)) is function)
+    print("enabled", faulthandler.is_enabled())
+    faulthandler.enable()
+    print("enabled", faulthandler.is_enabled())
+"""
+
+
+@pytest.mark.parametrize("pure", ["0", "1"], ids=["C", "pure"])
+def test_a_faulthandler_call_the_builtin_refuses_raises_its_own_error(tmp_path: Path, pure: str) -> None:
+    # Ours stand in for faulthandler's functions: the builtin itself checks the arguments, and with the
+    # C accelerator no frame of ours is in the traceback (the pure twin's one frame is left out here).
+    script = write(tmp_path, FAULTHANDLER_REFUSES)
+    results = side_by_side(script, IMPORTWATCH_PURE=pure)
+    plain = results.pop("plain")
+    assert plain.returncode == 0 and plain.stdout.count("Traceback") == 5, plain
+    assert "enabled False\nenabled True\n" in plain.stdout
+    for mode, result in results.items():
+        lines = result.stdout.splitlines()
+        if pure == "1":  # the twin's one frame in each: its file line, its source line, carets (3.11 on)
+            ours = [i for i, line in enumerate(lines) if "importwatch" in line]
+            assert len(ours) == 5, (mode, result.stdout)
+            drop = {i + 1 for i in ours} | set(ours)
+            drop |= {
+                i + 2
+                for i in ours
+                if i + 2 < len(lines) and lines[i + 2].strip() and not lines[i + 2].strip(" ~^")
+            }
+            lines = [line for i, line in enumerate(lines) if i not in drop]
+        assert result.returncode == 0 and lines == plain.stdout.splitlines(), (mode, result.stdout)
+
+
 @pytest.mark.timeout(180)
 def test_the_programs_deadline_after_a_stall_report_of_ours(tmp_path: Path) -> None:
     # Our threshold (1 s) comes first, during an import that sleeps; the program's (3 s) still fires.

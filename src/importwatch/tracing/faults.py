@@ -26,7 +26,12 @@ import faulthandler
 import sys
 
 from importwatch.tracing import threads
+from importwatch.tracing.hook import door, look_like
 from importwatch.tracing.sink import CLOCKS
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable
 
 _NAMES = ("enable", "disable", "is_enabled", "dump_traceback_later", "cancel_dump_traceback_later")
 # The shortest delay we arm: faulthandler refuses 0, and a deadline already passed is due at once.
@@ -64,11 +69,27 @@ class SharedFaulthandler:
 
     # -- install -------------------------------------------------------------------------
     def install(self) -> None:
+        """faulthandler's functions replaced by ours, each looking as the one it stands for (hook.door).
+
+        With the C accelerator each is a door: the builtin is called by it, with our part before and
+        after it and no frame of ours on the stack, so a call the builtin refuses raises its own error,
+        its traceback as under plain python. is_enabled answers the program's setting, not the real one."""
         if self.installed:
             return
         self.installed = True
         for name in _NAMES:
-            setattr(faulthandler, name, getattr(self, f"_program_{name}"))
+            setattr(faulthandler, name, self._stand_in(name))
+
+    def _stand_in(self, name: str) -> Callable:
+        if name == "is_enabled":
+
+            def is_enabled() -> bool:
+                return self.program_enabled
+
+            look_like(is_enabled, self.real[name])
+            return is_enabled
+        enter = getattr(self, f"_enter_{name}")
+        return door(self.real[name], enter, getattr(self, f"_leave_{name}"), importing=False)
 
     def uninstall(self) -> None:
         """Put faulthandler's own functions back, with the program's timer and state as it set them."""
@@ -182,43 +203,72 @@ class SharedFaulthandler:
         self._armed = want
 
     # -- the program's side: faulthandler's functions as the program calls them -------------------
-    def _program_enable(self, *args, **kwargs) -> None:
-        with self._lock:
-            self.real["enable"](*args, **kwargs)
-            self.program_enabled = True
+    # Each door's enter takes our lock and returns what its leave needs; the builtin runs between them
+    # (it checks the arguments and raises as it would without us), and its leave records what the
+    # program set, then lets the lock go: called whether the builtin returned or raised.
+    def _enter_enable(self, *args: Any, **kwargs: Any) -> bool:
+        self._lock.acquire()
+        return True
 
-    def _program_disable(self) -> None:
-        with self._lock:
-            self.real["disable"]()
-            self.program_enabled = False
-            if self._our_fd is not None:  # ours stays on for fatal signals
-                try:
-                    self.real["enable"](self._our_fd, all_threads=True)
-                except (OSError, ValueError, RuntimeError):
-                    pass
+    def _leave_enable(self, token: bool, error: BaseException | None) -> None:
+        try:
+            if error is None:
+                self.program_enabled = True
+        finally:
+            self._lock.release()
 
-    def _program_is_enabled(self) -> bool:
-        return self.program_enabled
+    def _enter_disable(self, *args: Any, **kwargs: Any) -> bool:
+        self._lock.acquire()
+        return True
 
-    def _program_dump_traceback_later(self, *args, **kwargs) -> None:
-        with self._lock:
-            now = CLOCKS.monotonic()
-            # The real call checks the arguments and raises as it would without us, and arms it.
-            self.real["dump_traceback_later"](*args, **kwargs)
-            timeout, repeat, file, exit = _bind(*args, **kwargs)
-            if file is None:
-                file = sys.stderr
-            request = _Request(
-                now + float(timeout), float(timeout), bool(repeat), file, bool(exit), ours=False
-            )
-            self._program = self._armed = request
-            self._untouchable = False  # re-armed by the program itself: a thread of this process
-            self._sync(now)
+    def _leave_disable(self, token: bool, error: BaseException | None) -> None:
+        try:
+            if error is None:
+                self.program_enabled = False
+                if self._our_fd is not None:  # ours stays on for fatal signals
+                    try:
+                        self.real["enable"](self._our_fd, all_threads=True)
+                    except (OSError, ValueError, RuntimeError):
+                        pass
+        finally:
+            self._lock.release()
 
-    def _program_cancel_dump_traceback_later(self) -> None:
-        with self._lock:
-            self._program = None
-            if self._untouchable:
-                self.real["cancel_dump_traceback_later"]()  # the program's own call, as under plain python
-                return
-            self._sync(CLOCKS.monotonic())
+    def _enter_dump_traceback_later(self, *args: Any, **kwargs: Any) -> tuple:
+        try:
+            asked = _bind(*args, **kwargs)
+        except TypeError:
+            asked = None  # the builtin refuses them, with its own words
+        self._lock.acquire()
+        return CLOCKS.monotonic(), asked
+
+    def _leave_dump_traceback_later(self, token: tuple, error: BaseException | None) -> None:
+        now, asked = token
+        try:
+            if error is None and asked is not None:  # the builtin armed the timer for the program
+                timeout, repeat, file, exit = asked
+                if file is None:
+                    file = sys.stderr
+                request = _Request(
+                    now + float(timeout), float(timeout), bool(repeat), file, bool(exit), ours=False
+                )
+                self._program = self._armed = request
+                self._untouchable = False  # re-armed by the program itself: a thread of this process
+                self._sync(now)
+        finally:
+            self._lock.release()
+
+    def _enter_cancel_dump_traceback_later(self, *args: Any, **kwargs: Any) -> bool | None:
+        if args or kwargs:
+            return None  # the builtin refuses them: nothing changes
+        self._lock.acquire()
+        return True
+
+    def _leave_cancel_dump_traceback_later(self, token: bool, error: BaseException | None) -> None:
+        # The builtin cancelled whatever was armed, ours too: our deadline, if any, is armed again (not in
+        # a fork child that inherited the program's timer, whose own cancel waits as under plain python).
+        try:
+            if error is None:
+                self._program = self._armed = None
+                self._sync(CLOCKS.monotonic())
+        finally:
+            self._lock.release()

@@ -155,11 +155,11 @@ def as_importlib_frame(
     clone.__kwdefaults__ = function.__kwdefaults__  # FunctionType takes no keyword-only defaults
     clone.__qualname__ = function.__qualname__
     if stands_for is not None:
-        _look_like(clone, stands_for)
+        look_like(clone, stands_for)
     return clone
 
 
-def _look_like(wrapper: Any, original: Any) -> None:
+def look_like(wrapper: Any, original: Any) -> None:
     """WRAPPER given ORIGINAL's names, module and docstring, and __wrapped__ (inspect.signature's way
     to the original's signature)."""
     for attribute in ("__module__", "__name__", "__qualname__", "__doc__"):
@@ -204,7 +204,7 @@ def door(
         name = getattr(original, "__name__", None)
         return as_importlib_frame(through, name, stands_for=original, importing=importing)
     made = make(original, enter, leave, stacks)
-    _look_like(made, original)  # the rest a Door reads from ORIGINAL: __globals__, __code__, __defaults__...
+    look_like(made, original)  # the rest a Door reads from ORIGINAL: __globals__, __code__, __defaults__...
     return made
 
 
@@ -274,7 +274,7 @@ class Tracer:
             except Exception as error:  # a TracedStep or Tracer the C code does not know: the twin
                 self.internal_error("the C accelerator", error)
         twin = as_importlib_frame(self._make_find_and_load(original))
-        _look_like(twin, original)  # importlib's names (pickle finds it where it is), not its globals: ours
+        look_like(twin, original)  # importlib's names (pickle finds it where it is), not its globals: ours
         return twin
 
     # One piece on purpose: _find_and_load runs for every import, on a budget of a few microseconds.
