@@ -475,9 +475,13 @@ def _at_exit() -> None:
         from importwatch.tracing.watcher_launch import hush  # loaded already: it started the watcher
 
         hush(_active.sink)  # says `#exit` and keeps the watcher from writing after the exit
+    # Last: our functions out of the collector's passes as the interpreter ends (_speedups_keep.h).
     keep = getattr(ACCELERATOR, "keep_to_the_end", None)
-    if keep is not None:  # our functions out of the collector's passes as the interpreter ends (_speedups_keep.h)
-        keep(sys.modules, "importwatch")
+    if keep is not None:
+        try:
+            keep(sys.modules, "importwatch")
+        except Exception:
+            pass  # (a sys.modules the program replaced by no dict): a quicker exit missed, nothing more
 
 
 def active() -> Session | None:
