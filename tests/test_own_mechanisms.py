@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from helpers import clean_env
+from test_accelerator import BUILT
 from test_fork_fidelity import MODES, run, side_by_side, write
 
 pytestmark = pytest.mark.slow  # every test here starts processes
@@ -56,10 +57,22 @@ FAULTHANDLER_REFUSES = """
             print(traceback.format_exc().replace(__file__, "JOB"))
     for function in (faulthandler.enable, faulthandler.dump_traceback_later, faulthandler.is_enabled):
         print(function.__module__, function.__name__, function.__qualname__, function.__doc__[:20])
-        print(pickle.loads(pickle.dumps(function)) is function)
+        try:
+            print("pickles", pickle.loads(pickle.dumps(function)) is function)
+        except pickle.PicklingError:
+            print("pickles not")
     print("enabled", faulthandler.is_enabled())
     faulthandler.enable()
     print("enabled", faulthandler.is_enabled())
+
+
+    class Holder:  # a builtin held by a class is not bound by its instances
+        arm, cancel, enabled = faulthandler.dump_traceback_later, faulthandler.cancel_dump_traceback_later, faulthandler.is_enabled
+
+
+    Holder().arm(60)
+    Holder().cancel()
+    print("held", Holder().enabled())
 """
 
 
@@ -67,11 +80,13 @@ FAULTHANDLER_REFUSES = """
 def test_a_faulthandler_call_the_builtin_refuses_raises_its_own_error(tmp_path: Path, pure: str) -> None:
     # Ours stand in for faulthandler's functions: the builtin itself checks the arguments, and with the
     # C accelerator no frame of ours is in the traceback (the pure twin's one frame is left out here).
+    if pure == "0" and not BUILT:
+        pytest.skip("the C accelerator is not built for this Python")
     script = write(tmp_path, FAULTHANDLER_REFUSES)
     results = side_by_side(script, IMPORTWATCH_PURE=pure)
     plain = results.pop("plain")
     assert plain.returncode == 0 and plain.stdout.count("Traceback") == 5, plain
-    assert "enabled False\nenabled True\n" in plain.stdout
+    assert "enabled False\nenabled True\nheld True\n" in plain.stdout
     for mode, result in results.items():
         lines = result.stdout.splitlines()
         if pure == "1":  # the twin's one frame in each: its file line, its source line, carets (3.11 on)
@@ -84,7 +99,12 @@ def test_a_faulthandler_call_the_builtin_refuses_raises_its_own_error(tmp_path: 
                 if i + 2 < len(lines) and lines[i + 2].strip() and not lines[i + 2].strip(" ~^")
             }
             lines = [line for i, line in enumerate(lines) if i not in drop]
-        assert result.returncode == 0 and lines == plain.stdout.splitlines(), (mode, result.stdout)
+            # The twin's stand-ins for builtins are bound methods, which pickle by value: not here.
+            lines = [line for line in lines if not line.startswith("pickles")]
+            expected = [line for line in plain.stdout.splitlines() if not line.startswith("pickles")]
+        else:
+            expected = plain.stdout.splitlines()
+        assert result.returncode == 0 and lines == expected, (mode, result.stdout, result.stderr[-2000:])
 
 
 @pytest.mark.timeout(180)

@@ -126,41 +126,50 @@ static PyObject *door_repr(Door *self) {
     return PyUnicode_FromFormat("<importwatch's door around %R>", self->original);
 }
 
+/* What the two kinds of door share: all but whether an instance binds it. */
+#define DOOR_TYPE_SLOTS                                                                                          \
+    .tp_basicsize = sizeof(Door), .tp_dealloc = (destructor)door_dealloc,                                      \
+    .tp_vectorcall_offset = offsetof(Door, vectorcall), .tp_repr = (reprfunc)door_repr,                        \
+    .tp_call = PyVectorcall_Call, .tp_getattro = stand_in_getattro, .tp_setattro = PyObject_GenericSetAttr,     \
+    .tp_traverse = (traverseproc)door_traverse, .tp_clear = (inquiry)door_clear, .tp_getset = door_getset,     \
+    .tp_methods = stand_in_methods /* _speedups_stand_in.h */, .tp_dictoffset = offsetof(Door, dict),          \
+    .tp_weaklistoffset = offsetof(Door, weakrefs)
+
 static PyTypeObject DoorType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "importwatch.tracing._speedups.Door",
-    .tp_basicsize = sizeof(Door),
-    .tp_dealloc = (destructor)door_dealloc,
-    .tp_vectorcall_offset = offsetof(Door, vectorcall),
-    .tp_repr = (reprfunc)door_repr,
-    .tp_call = PyVectorcall_Call,
-    .tp_getattro = stand_in_getattro,
-    .tp_setattro = PyObject_GenericSetAttr,
+    DOOR_TYPE_SLOTS,
     /* A method descriptor, as a function is: a call through an instance (loader.exec_module(module))
        passes the instance first, with no bound method made. */
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_METHOD_DESCRIPTOR,
-    .tp_doc = "A function of importlib's or a loader's with importwatch's event around it (see doors.py).",
-    .tp_traverse = (traverseproc)door_traverse,
-    .tp_clear = (inquiry)door_clear,
     .tp_descr_get = stand_in_get,
-    .tp_getset = door_getset,
-    .tp_methods = stand_in_methods, /* _speedups_stand_in.h */
-    .tp_dictoffset = offsetof(Door, dict),
-    .tp_weaklistoffset = offsetof(Door, weakrefs),
+    .tp_doc = "A function of importlib's or a loader's with importwatch's event around it (see doors.py).",
 };
 
-/* door(original, enter, leave, stacks): ORIGINAL with ENTER and LEAVE around it, no frame of its own. */
+/* A door around what an instance does not bind (a builtin: exec, faulthandler's functions), bound by none
+   either: a class attribute that holds it is called with the caller's arguments alone, as the builtin is. */
+static PyTypeObject BuiltinDoorType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "importwatch.tracing._speedups.BuiltinDoor",
+    DOOR_TYPE_SLOTS,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "A builtin with importwatch's part around it (see hook.door).",
+};
+
+/* door(original, enter, leave, stacks, binds=True): ORIGINAL with ENTER and LEAVE around it, no frame of
+   its own; bound by an instance, as a function is, only where BINDS. */
 static PyObject *make_door(PyObject *module, PyObject *args) {
     (void)module;
     PyObject *original, *enter, *leave, *stacks;
-    if (!PyArg_ParseTuple(args, "OOOO:door", &original, &enter, &leave, &stacks)) {
+    int binds = 1;
+    if (!PyArg_ParseTuple(args, "OOOO|p:door", &original, &enter, &leave, &stacks, &binds)) {
         return NULL;
     }
     if (stacks != Py_None && !PyDict_CheckExact(stacks)) {
         PyErr_SetString(PyExc_TypeError, "door: stacks must be a dict or None");
         return NULL;
     }
-    Door *self = PyObject_GC_New(Door, &DoorType);
+    Door *self = PyObject_GC_New(Door, binds ? &DoorType : &BuiltinDoorType);
     if (self == NULL) {
         return NULL;
     }

@@ -48,6 +48,10 @@ class _Request:
         self.file, self.exit, self.ours = file, exit, ours
 
 
+def _no_event(*args: Any, **kwargs: Any) -> None:
+    """A door's enter that starts nothing: what it stands in for is just called."""
+
+
 def _bind(timeout: float, repeat: bool = False, file: object = None, exit: bool = False):
     """dump_traceback_later's own signature, to read what the program passed."""
     return timeout, repeat, file, exit
@@ -81,13 +85,14 @@ class SharedFaulthandler:
             setattr(faulthandler, name, self._stand_in(name))
 
     def _stand_in(self, name: str) -> Callable:
-        if name == "is_enabled":
+        if name == "is_enabled":  # the program's setting, not the builtin's answer
 
             def is_enabled() -> bool:
                 return self.program_enabled
 
             look_like(is_enabled, self.real[name])
-            return is_enabled
+            # Through a door all the same: bound by no instance, as the builtin is not.
+            return door(is_enabled, _no_event, _no_event, importing=False, binds=False)
         enter = getattr(self, f"_enter_{name}")
         return door(self.real[name], enter, getattr(self, f"_leave_{name}"), importing=False)
 

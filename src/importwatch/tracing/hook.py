@@ -159,6 +159,9 @@ def as_importlib_frame(
     return clone
 
 
+_BoundMethod = type(as_importlib_frame.__get__(0))  # types.MethodType, without importing types at start-up
+
+
 def look_like(wrapper: Any, original: Any) -> None:
     """WRAPPER given ORIGINAL's names, module and docstring, and __wrapped__ (inspect.signature's way
     to the original's signature)."""
@@ -170,7 +173,12 @@ def look_like(wrapper: Any, original: Any) -> None:
 
 
 def door(
-    original: Callable, enter: Callable, leave: Callable, stacks: dict | None = None, importing: bool = True
+    original: Callable,
+    enter: Callable,
+    leave: Callable,
+    stacks: dict | None = None,
+    importing: bool = True,
+    binds: bool | None = None,
 ) -> Callable:
     """ORIGINAL, in its place, with ENTER called before it (with its arguments) and LEAVE after it:
     LEAVE(token, error) gets what ENTER returned and the exception that ended ORIGINAL (None if it
@@ -184,12 +192,17 @@ def door(
     (IMPORTING), so that a failed import's traceback drops it; under ours elsewhere (a CUDA
     initialisation), where nothing would. Either looks to the program as ORIGINAL does (its globals,
     names, docstring, and __wrapped__ for its signature); a Door also reads ORIGINAL's other attributes,
-    and pickles and copies as a function does (docs/doors.md).
+    and pickles and copies as a function does (docs/doors.md). A class attribute that holds it binds it
+    where BINDS, by default where ORIGINAL binds (a function does, a builtin does not).
     """
+    if binds is None:
+        binds = hasattr(type(original), "__get__")
     make = getattr(ACCELERATOR, "door", None)
     if make is None:
 
         def through(*args: Any, **kwargs: Any) -> Any:
+            if not binds:
+                args = args[1:]  # what the bound method below passes first
             token = enter(*args, **kwargs)
             if token is None:
                 return original(*args, **kwargs)
@@ -202,8 +215,10 @@ def door(
             return result
 
         name = getattr(original, "__name__", None)
-        return as_importlib_frame(through, name, stands_for=original, importing=importing)
-    made = make(original, enter, leave, stacks)
+        twin = as_importlib_frame(through, name, stands_for=original, importing=importing)
+        # A bound method is bound by no instance again: the twin's way not to be bound, as a builtin is not.
+        return twin if binds else _BoundMethod(twin, original)
+    made = make(original, enter, leave, stacks, binds)
     look_like(made, original)  # the rest a Door reads from ORIGINAL: __globals__, __code__, __defaults__...
     return made
 
