@@ -93,7 +93,7 @@ class SharedFaulthandler:
             look_like(is_enabled, self.real[name])
             # Through a door all the same: bound by no instance, as the builtin is not.
             return door(is_enabled, _no_event, _no_event, importing=False, binds=False)
-        enter = getattr(self, f"_enter_{name}")
+        enter = getattr(self, f"_enter_{name}", self._take_lock)
         return door(self.real[name], enter, getattr(self, f"_leave_{name}"), importing=False)
 
     def uninstall(self) -> None:
@@ -211,7 +211,8 @@ class SharedFaulthandler:
     # Each door's enter takes our lock and returns what its leave needs; the builtin runs between them
     # (it checks the arguments and raises as it would without us), and its leave records what the
     # program set, then lets the lock go: called whether the builtin returned or raised.
-    def _enter_enable(self, *args: Any, **kwargs: Any) -> bool:
+    def _take_lock(self, *args: Any, **kwargs: Any) -> bool:
+        """The enter of enable and disable, whose leave needs nothing more."""
         self._lock.acquire()
         return True
 
@@ -221,10 +222,6 @@ class SharedFaulthandler:
                 self.program_enabled = True
         finally:
             self._lock.release()
-
-    def _enter_disable(self, *args: Any, **kwargs: Any) -> bool:
-        self._lock.acquire()
-        return True
 
     def _leave_disable(self, token: bool, error: BaseException | None) -> None:
         try:
