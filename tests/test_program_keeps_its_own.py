@@ -155,6 +155,41 @@ def test_a_finaliser_at_the_very_end_runs_as_under_plain_python(tmp_path: Path, 
         assert _ours_removed(run.stderr) == "", (name, run.stderr)
 
 
+LATE_MARKS = """
+import importwatch, os
+
+
+class Last:
+    def __del__(self):  # at the very end, when nothing can be imported any more
+        importwatch.checkpoint("late")
+        with importwatch.phase("late phase"):
+            pass
+        importwatch.uninstall()
+        os.write(1, b"late done\\n")
+
+
+first, second = Last(), Last()
+first.other, second.other = second, first  # a cycle: freed by the collector as the interpreter ends
+last = Last()
+print("ran", flush=True)
+"""
+
+
+def test_checkpoints_phases_and_uninstall_in_a_finaliser_at_the_very_end(tmp_path: Path) -> None:
+    # importwatch's own API, called as the interpreter ends: nothing of it may import then, traced or not.
+    (tmp_path / "prog.py").write_text(LATE_MARKS)
+    runs = three_ways(["prog.py"], tmp_path)
+    for name, run in runs.items():
+        assert (run.returncode, run.stdout) == (0, "ran\n" + "late done\n" * 3), (
+            name,
+            run.stdout,
+            run.stderr,
+        )
+        assert "Exception ignored" not in run.stderr and "Error" not in run.stderr, (name, run.stderr)
+    traced = runs["IMPORTWATCH=1"].stderr
+    assert "] checkpoint late" in traced and "] < phase late phase" in traced, traced
+
+
 # -- a failure of ours leaves no step in flight ------------------------------------------------
 RECURSE_THEN_IMPORT = """
 import time

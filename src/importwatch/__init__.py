@@ -7,6 +7,8 @@ where the program is, and do nothing while tracing is off.
 
 # No `from __future__ import annotations` here: it imports __future__, and what is loaded before
 # handback.mark() below counts as the program's (docs/architecture.md, start-up imports).
+import sys
+
 from importwatch.tracing import handback
 
 handback.mark()
@@ -43,9 +45,11 @@ def _argument(field: str) -> str:
 
 def uninstall() -> None:
     """Stop tracing and take every hook out again."""
-    from importwatch.tracing import session
-
-    session.deactivate()
+    # Nothing imported: tracing that was never switched on never loaded the session (and a finaliser at
+    # the very end, when nothing can be imported any more, may call this too).
+    session = sys.modules.get("importwatch.tracing.session")
+    if session is not None:
+        session.deactivate()
 
 
 def pytest_plugin_registered(plugin: object, manager: object) -> None:

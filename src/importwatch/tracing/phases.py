@@ -18,12 +18,20 @@ if TYPE_CHECKING:
 
 # The tracer of the tracing active in this process; the session binds it, None while off.
 _tracer: "Tracer | None" = None
+# The kinds of line written here (events.py's CHECKPOINT, PHASE, PHASE_END), read when a tracer is bound:
+# a checkpoint in a finaliser at the very end, when nothing can be imported any more, still works.
+_CHECKPOINT = _PHASE = _PHASE_END = ""
 _INFINITY = float("inf")
 
 
 def bind(tracer: "Tracer | None") -> None:
     """Where phases and checkpoints go from now on (the session's call; None: nowhere)."""
-    global _tracer
+    global _tracer, _CHECKPOINT, _PHASE, _PHASE_END
+    if tracer is not None:
+        # Imported here, not above: with tracing off this module must import nothing (the sink has it loaded).
+        from importwatch.events import CHECKPOINT, PHASE, PHASE_END
+
+        _CHECKPOINT, _PHASE, _PHASE_END = CHECKPOINT, PHASE, PHASE_END
     _tracer = tracer
 
 
@@ -37,10 +45,7 @@ def checkpoint(name: str) -> None:
     now = tracer.clock()
     if stack:
         stack[-1].progress = now  # a phase timed from its last progress starts again from here
-    # Imported here, not above: with tracing off this module must import nothing (the sink has it loaded).
-    from importwatch.events import CHECKPOINT
-
-    tracer.write(CHECKPOINT, {"name": name}, len(stack) if stack else 0)
+    tracer.write(_CHECKPOINT, {"name": name}, len(stack) if stack else 0)
 
 
 # Lower case: it is used like a function, `with importwatch.phase(...)` or `@importwatch.phase(...)`.
@@ -69,11 +74,9 @@ class phase:
         tracer = _tracer
         if tracer is not None:
             name = str(self.name)
-            from importwatch.events import PHASE  # see checkpoint()
-
             frame, depth = tracer.push(f"phase {name}", "phase", self.timeout)
             self._started = (tracer, frame, depth, name)
-            tracer.write(PHASE, {"name": name, "timeout": self.timeout}, depth)
+            tracer.write(_PHASE, {"name": name, "timeout": self.timeout}, depth)
         return self
 
     def __exit__(
@@ -91,9 +94,7 @@ class phase:
         fields = {"name": name, "ms": (now - frame.start) * 1000.0}
         if error is not None:
             fields["error"] = f"{type(error).__name__}: {error}"
-        from importwatch.events import PHASE_END  # see checkpoint()
-
-        tracer.write(PHASE_END, fields, depth)
+        tracer.write(_PHASE_END, fields, depth)
 
     def __call__(self, function: "Callable") -> "Callable":
         """As a decorator: each call of FUNCTION runs in this phase (tracing on or off at call time)."""
