@@ -42,6 +42,7 @@ import sys
 
 from importwatch import config
 from importwatch.facts import procstat
+from importwatch.tracing.accelerator import ACCELERATOR
 from importwatch.tracing.descriptors import high_descriptor, identity
 
 TYPE_CHECKING = False
@@ -76,7 +77,6 @@ def launch(sink: Sink, settings: Settings, import_own: Callable[[str], Any] = __
     if refused:
         return refused
     from importwatch.tracing import ring
-    from importwatch.tracing.accelerator import ACCELERATOR
 
     spawn = ACCELERATOR if hasattr(ACCELERATOR, "spawn_detached") else None
     if spawn is not None and spawn.child_subreaper():
@@ -182,10 +182,9 @@ def _started(wait: float) -> int | None:
     """How the C start under way went (Sink.watcher_started): the watcher's pid, or None while under way.
 
     OSError where it failed; EBADF, from our thread, means a descriptor to hand on was no longer
-    ours: the program closed it (a closerange at its start) before the watcher had its copy.
+    ours: the program closed it (a closerange at its start) before the watcher had its copy. It
+    imports nothing: a step in a finaliser at the very end may be the first to look.
     """
-    from importwatch.tracing.accelerator import ACCELERATOR
-
     try:
         return ACCELERATOR.spawn_started(wait)
     except OSError as error:
