@@ -212,7 +212,8 @@ class SharedFaulthandler:
     # (it checks the arguments and raises as it would without us), and its leave records what the
     # program set, then lets the lock go: called whether the builtin returned or raised.
     def _take_lock(self, *args: Any, **kwargs: Any) -> bool:
-        """The enter of enable and disable, whose leave needs nothing more."""
+        """The enter of enable, disable and the cancel, whose leave needs nothing more (arguments the
+        builtin refuses end in its error, and their leave changes nothing)."""
         self._lock.acquire()
         return True
 
@@ -258,12 +259,6 @@ class SharedFaulthandler:
                 self._sync(now)
         finally:
             self._lock.release()
-
-    def _enter_cancel_dump_traceback_later(self, *args: Any, **kwargs: Any) -> bool | None:
-        if args or kwargs:
-            return None  # the builtin refuses them: nothing changes
-        self._lock.acquire()
-        return True
 
     def _leave_cancel_dump_traceback_later(self, token: bool, error: BaseException | None) -> None:
         # The builtin cancelled whatever was armed, ours too: our deadline, if any, is armed again (not in
