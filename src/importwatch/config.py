@@ -1,7 +1,5 @@
 """Settings from options and IMPORTWATCH_* variables, validated, with errors that name their source."""
 
-from __future__ import annotations
-
 import os
 
 TYPE_CHECKING = False
@@ -50,9 +48,9 @@ class Settings:
     def __init__(
         self,
         timeout: float = DEFAULT_TIMEOUT,
-        log: str | None = None,
+        log: "str | None" = None,
         exit_on_stall: bool = False,
-        watcher: bool | None = None,
+        watcher: "bool | None" = None,
         dump_on_sigusr1: bool = False,
         stderr: str = STDERR_ALL,
     ) -> None:
@@ -68,7 +66,7 @@ class Settings:
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError("Settings are immutable")
 
-    def replace(self, **changes: Any) -> Settings:
+    def replace(self, **changes: "Any") -> "Settings":
         """A copy with CHANGES, by field name."""
         fields = {name: getattr(self, name) for name in self.__slots__}
         return Settings(**{**fields, **changes})
@@ -80,7 +78,7 @@ class Settings:
         )
 
 
-def parse_timeout(text: str, source: str, needs: str | None = None) -> float:
+def parse_timeout(text: str, source: str, needs: "str | None" = None) -> float:
     """Seconds as a float: 0 (the watchdog off), or from MIN_TIMEOUT to MAX_TIMEOUT.
 
     NEEDS names a command that cannot do without the watchdog: 0 is refused there.
@@ -92,7 +90,7 @@ def parse_timeout(text: str, source: str, needs: str | None = None) -> float:
     return check_timeout(value, source, needs, text)
 
 
-def check_timeout(value: float, source: str, needs: str | None = None, text: object = None) -> float:
+def check_timeout(value: float, source: str, needs: "str | None" = None, text: object = None) -> float:
     """VALUE if it is a stall threshold (see parse_timeout), else a ConfigError naming SOURCE."""
     shown = repr(value if text is None else text)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -133,12 +131,12 @@ def parse_flag(text: str, source: str) -> bool:
 
 # The runner's options for each setting, by the Settings field each sets: the runner's command line
 # (cli.py), the watcher's (from_options) and what to_options writes all read from these.
-VALUE_OPTIONS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
+VALUE_OPTIONS: "dict[str, tuple[str, Callable[[str, str], Any]]]" = {
     "--timeout": ("timeout", parse_timeout),
     "--log": ("log", parse_log),
     "--stderr": ("stderr", parse_stderr),
 }
-FLAG_OPTIONS: dict[str, tuple[str, bool]] = {
+FLAG_OPTIONS: "dict[str, tuple[str, bool]]" = {
     "--exit-on-stall": ("exit_on_stall", True),
     "--watcher": ("watcher", True),
     "--no-watcher": ("watcher", False),
@@ -151,7 +149,7 @@ def option_name(field: str) -> str:
     return "--" + field.replace("_", "-")
 
 
-def _check(field: str, value: Any, source: str, needs: str | None) -> Any:
+def _check(field: str, value: "Any", source: str, needs: "str | None") -> "Any":
     """VALUE, given for FIELD by SOURCE (an option, or an argument of install()), if it is one."""
     if field == "timeout":
         return check_timeout(value, source, needs)
@@ -171,12 +169,12 @@ def _check(field: str, value: Any, source: str, needs: str | None) -> Any:
 
 
 def merge(
-    options: dict[str, object] | None = None,
-    environ: Mapping[str, str] | None = None,
-    watcher: bool | None = None,
-    needs: str | None = None,
-    source: Callable[[str], str] = option_name,
-) -> tuple[Settings, list[str]]:
+    options: "dict[str, object] | None" = None,
+    environ: "Mapping[str, str] | None" = None,
+    watcher: "bool | None" = None,
+    needs: "str | None" = None,
+    source: "Callable[[str], str]" = option_name,
+) -> "tuple[Settings, list[str]]":
     """The one merge of settings, for every entry point: each option wins over its variable, which wins over the default.
 
     OPTIONS maps Settings' field names to values (a command line's, parsed with the parse_*
@@ -195,7 +193,9 @@ def merge(
     environ = os.environ if environ is None else environ
     warnings: list[str] = []
 
-    def read(field: str, name: str, parse: Callable[[str, str], Any], default: Any, fallback: str) -> Any:
+    def read(
+        field: str, name: str, parse: "Callable[[str, str], Any]", default: "Any", fallback: str
+    ) -> "Any":
         if field in given:
             return given[field]
         raw = environ.get(name)
@@ -224,7 +224,7 @@ def merge(
     return settings, warnings
 
 
-def to_env(settings: Settings) -> dict[str, str]:
+def to_env(settings: "Settings") -> "dict[str, str]":
     """The IMPORTWATCH_* variables that make a child process trace itself with SETTINGS."""
     # A relative log path would land in each child's own working directory.
     log = os.path.abspath(os.path.expanduser(settings.log)) if settings.log else ""
@@ -238,7 +238,7 @@ def to_env(settings: Settings) -> dict[str, str]:
     }
 
 
-def to_options(settings: Settings) -> list[str]:
+def to_options(settings: "Settings") -> "list[str]":
     """The runner's options that give a child process SETTINGS, whatever IMPORTWATCH_* it has."""
     options = ["--timeout", repr(settings.timeout), "--stderr", settings.stderr]
     options.append("--watcher" if settings.watcher else "--no-watcher")
@@ -251,7 +251,7 @@ def to_options(settings: Settings) -> list[str]:
     return options
 
 
-def from_options(args: Sequence[str]) -> Settings:
+def from_options(args: "Sequence[str]") -> "Settings":
     """The Settings that ARGS, written by to_options, give (the watcher reads its own so).
 
     Through the one merge, with no variable read: a bad word is a ConfigError naming it.
@@ -270,14 +270,14 @@ def from_options(args: Sequence[str]) -> Settings:
     return merge(given, {})[0]
 
 
-def to_runner(settings: Settings, warnings: Sequence[str], skip: int) -> str:
+def to_runner(settings: "Settings", warnings: "Sequence[str]", skip: int) -> str:
     """ENV_RUNNER's value: SETTINGS (as to_options writes them), the WARNINGS the merge gave (for the
     traced process to report), and how many words of its command line are the interpreter's (SKIP)."""
     words = [str(skip), str(len(warnings)), *warnings, *to_options(settings)]
     return "".join(f"{len(word)}:{word}" for word in words)  # any text may be in a log's path
 
 
-def from_runner(text: str) -> tuple[Settings, list[str], int]:
+def from_runner(text: str) -> "tuple[Settings, list[str], int]":
     """What to_runner wrote: the settings, the warnings and the skip; a ValueError if it is not that."""
     words = []
     while text:
@@ -293,8 +293,8 @@ def from_runner(text: str) -> tuple[Settings, list[str], int]:
 
 
 def for_child(
-    settings: Settings | None = None, environ: Mapping[str, str] | None = None
-) -> tuple[dict[str, str], list[str]]:
+    settings: "Settings | None" = None, environ: "Mapping[str, str] | None" = None
+) -> "tuple[dict[str, str], list[str]]":
     """A child process's environment and options: how every process we start gets its settings.
 
     The environment is ENVIRON's (os.environ's) without any IMPORTWATCH* variable, so a child
@@ -308,7 +308,7 @@ def for_child(
     return env, ([] if settings is None else to_options(settings))
 
 
-def expand_log_path(path: str, pid: int, rank: int | None = None) -> str:
+def expand_log_path(path: str, pid: int, rank: "int | None" = None) -> str:
     """The file a process writes to: {pid} and {rank} expand; a directory gets one file per process.
 
     {rank} is "norank" in a process that is not part of a distributed job (the launcher).

@@ -10,8 +10,6 @@ indentation instead (by_depth): a start or end at depth D says that everything a
 and deeper has ended.
 """
 
-from __future__ import annotations
-
 from importwatch.events import IMPORT, IMPORT_END, NATIVE, NATIVE_END, PHASE, PHASE_END, STEP, STEP_END
 
 TYPE_CHECKING = False
@@ -44,7 +42,7 @@ class Started:
         return f"Started({self.kind!r}, {self.name!r})"
 
 
-def closes(stack: list[S], kind: str, name: str) -> int:
+def closes(stack: "list[S]", kind: str, name: str) -> int:
     """The index in STACK of what an end of KIND (its start's kind) and NAME closes: the innermost
     step of that kind and name; -1 when none is in flight."""
     index = len(stack) - 1
@@ -56,7 +54,7 @@ def closes(stack: list[S], kind: str, name: str) -> int:
     return -1
 
 
-def close(stack: list[S], kind: str, name: str) -> tuple[S | None, list[S]]:
+def close(stack: "list[S]", kind: str, name: str) -> "tuple[S | None, list[S]]":
     """End the step of KIND and NAME in STACK: (that step, or None when it is not in flight; the steps
     started above it, whose ends were lost, innermost first). They all leave STACK."""
     index = closes(stack, kind, name)
@@ -68,7 +66,7 @@ def close(stack: list[S], kind: str, name: str) -> tuple[S | None, list[S]]:
     return step, lost
 
 
-def named_once(names: Sequence[str]) -> list[str]:
+def named_once(names: "Sequence[str]") -> "list[str]":
     """A chain (outermost first) as people read it: each step named once, where it does the work.
 
     `import pkg.sub` first imports pkg; when pkg's own code imports pkg.sub, the outer request for
@@ -85,7 +83,7 @@ class InFlight:
     follows the indentation instead of the names (see the module's docstring).
     """
 
-    def __init__(self, kinds: Collection[str] = STARTS, by_depth: bool = False) -> None:
+    def __init__(self, kinds: "Collection[str]" = STARTS, by_depth: bool = False) -> None:
         self.kinds = kinds
         self.by_depth = by_depth
         self.stacks: dict[Any, list[Started]] = {}  # thread key: its steps in flight
@@ -94,7 +92,7 @@ class InFlight:
         """Whether an event of KIND starts or ends a step this reader follows."""
         return kind in self.kinds or STARTED_BY.get(kind) in self.kinds
 
-    def follow(self, event: Event, key: Hashable, start: float = 0.0, seq: int = 0) -> Started | None:
+    def follow(self, event: "Event", key: "Hashable", start: float = 0.0, seq: int = 0) -> "Started | None":
         """Apply EVENT, of thread KEY: the step it started (at START, numbered SEQ) or ended; None when
         it is neither a start nor an end followed, or ends nothing in flight."""
         kind = event.kind
@@ -118,16 +116,16 @@ class InFlight:
             return ended
         return close(stack, begun, event.name)[0]
 
-    def warn(self, key: Hashable, text: str) -> None:
+    def warn(self, key: "Hashable", text: str) -> None:
         """A "! ..." line of thread KEY: it belongs to the innermost step in flight there, if any."""
         stack = self.stacks.get(key)
         if stack:
             stack[-1].warnings += (text,)
 
-    def chain(self, key: Hashable) -> list[Started]:
+    def chain(self, key: "Hashable") -> "list[Started]":
         """What thread KEY has in flight, outermost first (empty when nothing)."""
         return self.stacks.get(key) or []
 
-    def chains(self) -> dict[Any, list[Started]]:
+    def chains(self) -> "dict[Any, list[Started]]":
         """The threads with something in flight, in the order they first started a step, and their steps."""
         return {key: stack for key, stack in self.stacks.items() if stack}

@@ -4,8 +4,6 @@ A leaf every part shares (the traced process's banner, the watcher's and the too
 processes' command lines): the standard library only, and nothing imported at all.
 """
 
-from __future__ import annotations
-
 # -- secrets ------------------------------------------------------------------------------------
 # A log is often read by others than the job's owner (attached to a ticket, left in a shared
 # folder): the start line's argv, the env line, doctor's environment, inspect's and bisect's
@@ -24,7 +22,7 @@ _KEY_WORDS = ("KEY", "APIKEY", "ACCESSKEY", "PRIVATEKEY", "AUTHKEY", "SIGNINGKEY
 _PLACES = ("FILE", "PATH", "DIR", "FOLDER")
 
 
-def _words(upper: str) -> list[str]:
+def _words(upper: str) -> "list[str]":
     """The words of an upper-case name, split at every character that is not a letter or a digit."""
     words, word = [], ""
     for char in upper:
@@ -100,7 +98,7 @@ def _mask_urls(text: str) -> str:
     return text
 
 
-def mask_argv(argv: list[str]) -> list[str]:
+def mask_argv(argv: "list[str]") -> "list[str]":
     """ARGV with secrets masked.
 
     `--password=xyz` and `db.api_key=xyz` (a NAME=value anywhere) keep their name;
@@ -130,7 +128,7 @@ def mask_argv(argv: list[str]) -> list[str]:
     return masked
 
 
-def mask_environment(variables: dict[str, str]) -> dict[str, str]:
+def mask_environment(variables: "dict[str, str]") -> "dict[str, str]":
     """VARIABLES with the value of each secret-looking name masked (and URLs' passwords in the rest),
     in the same order."""
     return {name: MASK if is_secret(name) else mask_text(value) for name, value in variables.items()}

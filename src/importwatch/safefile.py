@@ -6,8 +6,6 @@ Imported at start-up by the traced process (tracing/sink.py opens the log here):
 only, and nothing beyond errno, os and stat, which the sink needs anyway.
 """
 
-from __future__ import annotations
-
 import errno
 import os
 import stat
@@ -28,7 +26,7 @@ class UnsafeFile(Exception):
     """Why a path was not opened: one line for a person, the path first."""
 
 
-def open_for_writing(path: str, keep: tuple[os.stat_result, ...] = ()) -> int:
+def open_for_writing(path: str, keep: "tuple[os.stat_result, ...]" = ()) -> int:
     """A descriptor on PATH, emptied, to write a new content to; a new file is created with mode 0600.
 
     Refused (UnsafeFile): a symbolic link at PATH (another user's, in a shared folder, would have us
@@ -69,7 +67,7 @@ def open_for_writing(path: str, keep: tuple[os.stat_result, ...] = ()) -> int:
     return fd
 
 
-def _why(error: OSError) -> str:
+def _why(error: "OSError") -> str:
     if error.errno == errno.ELOOP:
         return "it is a symbolic link; name the file itself"
     if error.errno in (errno.ENXIO, errno.EWOULDBLOCK):
@@ -77,7 +75,7 @@ def _why(error: OSError) -> str:
     return error.strerror or str(error)
 
 
-def refusal(info: os.stat_result) -> str | None:
+def refusal(info: "os.stat_result") -> "str | None":
     """Why the file INFO describes must not take our text, or None: not a regular file (`it is a FIFO`:
     a FIFO would block, a device take the text), or another user's."""
     if not stat.S_ISREG(info.st_mode):
@@ -87,7 +85,7 @@ def refusal(info: os.stat_result) -> str | None:
     return None
 
 
-def open_log(path: str, shown: str) -> int | str:
+def open_log(path: str, shown: str) -> "int | str":
     """A descriptor appending to the log at PATH (created 0600), or why not, in words, naming it SHOWN.
 
     Logs often live in shared, world-writable folders, where another user may have put
@@ -117,7 +115,7 @@ def open_log(path: str, shown: str) -> int | str:
     return fd
 
 
-def planted_link(path: str) -> str | None:
+def planted_link(path: str) -> "str | None":
     """The first folder on PATH's way that is a symlink another user put in a sticky, world-writable
     folder (as /tmp), or None.
 

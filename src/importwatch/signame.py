@@ -1,7 +1,5 @@
 """Names a signal by its number, as every line of ours that reports one does (SIGKILL, SIGTERM)."""
 
-from __future__ import annotations
-
 
 def signal_name(number: int, unknown: str = "signal {}") -> str:
     """SIGTERM for 15; UNKNOWN, formatted with the number, for one the signal module does not name.

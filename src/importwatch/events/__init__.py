@@ -24,8 +24,6 @@ is its other half, importwatch/events/read.py (Event, read_line, parse_line,
 BadLine, clean), which only readers import.
 """
 
-from __future__ import annotations
-
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Callable
@@ -236,7 +234,13 @@ def json_value(value: object) -> str:
 
 
 def json_line(
-    now: float, pid: int, thread: str | None, rank: int | None, kind: str, body: str, fields: dict | None
+    now: float,
+    pid: int,
+    thread: "str | None",
+    rank: "int | None",
+    kind: str,
+    body: str,
+    fields: "dict | None",
 ) -> bytes:
     """The JSON rendering of an event: the Sink's prefix (time, pid, thread, rank), the kind, the
     fields and the text line's BODY as `text`, in one line of ASCII."""
@@ -268,7 +272,7 @@ def _native_end(fields: dict) -> str:
     return f"< dlopen {fields['path']}{_ended(fields)}{listing}"
 
 
-def _timeout(timeout: float | None) -> str:
+def _timeout(timeout: "float | None") -> str:
     """A phase's own timeout on its start line, ` (timeout 2.5 s)`, in as many digits as read it back."""
     if timeout is None:
         return ""
@@ -397,7 +401,7 @@ def _exit(fields: dict) -> str:
     return f"exiting with status {status} ({fields['message']})"
 
 
-_RENDER: dict[str, Callable[[dict], str]] = {
+_RENDER: "dict[str, Callable[[dict], str]]" = {
     IMPORT: lambda f: f"> {f['name']}",
     IMPORT_END: lambda f: f"< {f['name']}{_ended(f)}",
     NATIVE: _native,

@@ -4,8 +4,6 @@ events/__init__.py renders them from their fields; events/read.py hands these tw
 A line not as we write it gives None: no fields rather than wrong ones.
 """
 
-from __future__ import annotations
-
 import re
 
 from importwatch.events import BEFORE_IMPORT, NO_DRIVER, NO_ENV, NO_RUNTIME, NO_VISIBLE
@@ -28,7 +26,7 @@ _ENV_SPLIT = re.compile(r" (?=[A-Z][A-Za-z0-9_]*=)")
 _EMPTY_VISIBLE = NO_VISIBLE[len("CUDA_VISIBLE_DEVICES") :]
 
 
-def env(rest: str) -> dict[str, Any] | None:
+def env(rest: str) -> "dict[str, Any] | None":
     """`NAME=VALUE NAME=VALUE ...` (or NO_ENV) after `env `."""
     if rest == NO_ENV:
         return {"env": {}}
@@ -41,7 +39,7 @@ def env(rest: str) -> dict[str, Any] | None:
     return {"env": variables}
 
 
-def torch(rest: str) -> dict[str, Any] | None:
+def torch(rest: str) -> "dict[str, Any] | None":
     """What follows `torch `: after import its version, build and place; before import (from its
     files) also the CUDA runtimes at hand, the driver and its GPUs, and CUDA_VISIBLE_DEVICES."""
     before = rest.endswith(BEFORE_IMPORT)

@@ -4,8 +4,6 @@ Which line it is (a headline, a thread, the library initialising, what a load ma
 its shape; a line of none of these shapes is a detail in words (`message`).
 """
 
-from __future__ import annotations
-
 import re
 
 from importwatch.events import _MAX_ID, MAX_MS, OUTSIDE_HEADS, OUTSIDE_STILL
@@ -31,7 +29,7 @@ _INITIALISING = re.compile(r"^most likely initialising: (.*) \(([^()]*)\)$", re.
 _MAPPED = "mapped since dlopen "
 
 
-def fields(rest: str) -> dict[str, Any]:
+def fields(rest: str) -> "dict[str, Any]":
     """The fields of the line whose words after `outside: ` are REST."""
     look = _headline(rest)
     if look is not None:
@@ -47,7 +45,7 @@ def fields(rest: str) -> dict[str, Any]:
     return thread if thread is not None else {"message": rest}
 
 
-def _headline(rest: str) -> dict[str, Any] | None:
+def _headline(rest: str) -> "dict[str, Any] | None":
     said: dict[str, Any] = {}
     match = _REPEAT.match(rest)
     if match is not None:
@@ -67,7 +65,7 @@ def _headline(rest: str) -> dict[str, Any] | None:
     return {"verdict": verdict, "look": look, "stalled": stalled, "chain": chain, **said}
 
 
-def _thread(rest: str) -> dict[str, Any] | None:
+def _thread(rest: str) -> "dict[str, Any] | None":
     match = _THREAD.match(rest)
     if match is None:
         return None

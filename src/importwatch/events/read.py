@@ -4,8 +4,6 @@ Imported by the readers (report, bisect, doctor, the watcher), never by the trac
 only writes. The package's __init__ has the kinds, their fields and both renderings.
 """
 
-from __future__ import annotations
-
 import json
 import re
 import signal
@@ -99,7 +97,7 @@ class Event:
     def __repr__(self) -> str:
         return f"Event({self.kind!r}, {self.pid}, {self.thread!r}, {self.name or self.text!r})"
 
-    def data(self) -> dict[str, Any]:
+    def data(self) -> "dict[str, Any]":
         """Every field of the event, keyed as the writer passed them."""
         data: dict[str, Any] = {}
         if self.name:
@@ -125,7 +123,7 @@ _TEXT_HEAD = "[importwatch "
 _JSON_HEAD = '{"time": '
 
 
-def parse_line(line: str) -> Event | None:
+def parse_line(line: str) -> "Event | None":
     """The event on LINE, or None for a line that is not ours or cannot be read (see read_line)."""
     try:
         return read_line(line)
@@ -133,7 +131,7 @@ def parse_line(line: str) -> Event | None:
         return None
 
 
-def read_line(line: str) -> Event | None:
+def read_line(line: str) -> "Event | None":
     """The event on LINE; None for a line that is not ours (a faulthandler dump, program output),
     unless a line of ours was written onto the end of it (see _glued_at).
 
@@ -258,7 +256,7 @@ class _Parser:
         self.scan = json.JSONDecoder(parse_constant=_no_constant).scan_once
 
     # -- text lines ------------------------------------------------------------------------
-    def text_line(self, line: str) -> Event:
+    def text_line(self, line: str) -> "Event":
         # Most lines of a log are an import's start or end in printable ASCII: one match reads them.
         match = self.import_line.match(line) if line.isascii() and line.isprintable() else None
         if match is not None:
@@ -289,7 +287,7 @@ class _Parser:
         event.rank = _bounded(int(rank)) if rank is not None else None
         return event
 
-    def body(self, event: Event, body: str) -> None:
+    def body(self, event: "Event", body: str) -> None:
         """Set EVENT's kind, depth and fields from the body of its text line."""
         stripped = body.lstrip(" ")
         marker, _, rest = stripped.partition(" ")
@@ -304,7 +302,7 @@ class _Parser:
                 return
         event.fields = {"message": body}
 
-    def _nested(self, event: Event, marker: str, rest: str) -> None:
+    def _nested(self, event: "Event", marker: str, rest: str) -> None:
         if marker == "checkpoint":
             event.kind, event.name = CHECKPOINT, rest
         elif rest.startswith("dlopen "):
@@ -343,7 +341,7 @@ class _Parser:
             event.kind = IMPORT_END
             self._ended(event, self.end.match(rest))
 
-    def _phase(self, event: Event, rest: str) -> None:
+    def _phase(self, event: "Event", rest: str) -> None:
         match = self.phase_timeout.match(rest)
         timeout = float(match.group(2)) if match is not None else None
         if timeout is not None and timeout - timeout == 0:  # 1e999 reads as infinity: not ours
@@ -353,12 +351,12 @@ class _Parser:
         event.fields = {"timeout": timeout}
 
     @staticmethod
-    def _ended(event: Event, match: Any) -> None:
+    def _ended(event: "Event", match: "Any") -> None:
         if match is None:
             raise BadLine("an end line without its duration")
         event.name, event.ms, event.error = match.group(1), _ms(match.group(2)), match.group(3)
 
-    def _other(self, event: Event, kind: str, rest: str) -> None:
+    def _other(self, event: "Event", kind: str, rest: str) -> None:
         """The fields of a line that is not nested; REST is what follows its head."""
         if kind in _PROSE:
             event.fields = {_PROSE[kind][1]: rest}
@@ -402,14 +400,14 @@ class _Parser:
         event.fields = fields
 
     # -- the fields that a kind's prose shows (all or none: a line not as we write it gives none) --
-    def _busy(self, rest: str) -> dict[str, Any]:
+    def _busy(self, rest: str) -> "dict[str, Any]":
         match = self.busy.match(rest)
         if match is None:
             return {}
         # The advice names CUDA JIT only where an NVIDIA driver was loaded (events._busy).
         return {"stalled": match.group(1), "cpu": int(match.group(2)) / 100, "gpu": "CUDA JIT" in rest}
 
-    def _resumed(self, rest: str) -> dict[str, Any]:  # as events._resumed writes it
+    def _resumed(self, rest: str) -> "dict[str, Any]":  # as events._resumed writes it
         head = ": progress again after a stall; stacks dumped "
         if rest.startswith(head):
             return {"dumped": rest[len(head) :]}
@@ -419,7 +417,7 @@ class _Parser:
         seconds, name, how, dumped = match.groups()
         return {"name": name, "seconds": _ms(seconds), "interrupted": how != "ended", "dumped": dumped}
 
-    def _died(self, rest: str) -> dict[str, Any]:
+    def _died(self, rest: str) -> "dict[str, Any]":
         match = self.died.match(rest)
         if match is None:
             return {}
@@ -440,7 +438,7 @@ class _Parser:
         fields = {"process": _bounded(int(process)), "how": how, "seconds": _ms(seconds)}
         return {**fields, "status": status, "chain": chain}
 
-    def _start(self, rest: str) -> dict[str, Any] | None:
+    def _start(self, rest: str) -> "dict[str, Any] | None":
         import ast
 
         match = self.start.match(rest)
@@ -461,7 +459,7 @@ class _Parser:
         return fields
 
     # -- JSON lines ------------------------------------------------------------------------
-    def json_line(self, line: str) -> Event:
+    def json_line(self, line: str) -> "Event":
         try:
             record, end = self.scan(line, 0)
         except StopIteration:
@@ -510,7 +508,7 @@ class _Parser:
 _HEADER = frozenset(("time", "pid", "thread", "rank", "kind", "text"))
 
 
-def _take(event: Event, key: str, value: Any) -> None:
+def _take(event: "Event", key: str, value: "Any") -> None:
     """A field of a JSON line onto EVENT, checked as untrusted input."""
     if key == "name" or (key == "path" and event.kind in (NATIVE, NATIVE_END)):
         event.name = _checked_string(key, value)
@@ -529,7 +527,7 @@ def _take(event: Event, key: str, value: Any) -> None:
 _SKIP = object()
 
 
-def _plain(value: Any) -> Any:
+def _plain(value: "Any") -> "Any":
     """VALUE as an event's field may hold it: ASCII strings, finite numbers, lists and maps of
     strings; _SKIP for anything else (a newer version's field, or a forged one)."""
     kind = type(value)
@@ -548,13 +546,13 @@ def _plain(value: Any) -> Any:
     return _SKIP
 
 
-def _checked_string(key: str, value: Any) -> str:
+def _checked_string(key: str, value: "Any") -> str:
     if type(value) is not str:
         raise BadLine(f"a JSON line whose {key} is not a string")
     return clean(value)
 
 
-def _string(record: dict, key: str) -> str | None:
+def _string(record: dict, key: str) -> "str | None":
     """RECORD[KEY] as printable ASCII; None when absent; BadLine when it is not a string."""
     value = record.get(key)
     if value is None:

@@ -5,8 +5,6 @@ or any extension: torch's version and CUDA build come from torch/version.py read
 as text, the runtime from the file names of the libraries, the driver from /proc.
 """
 
-from __future__ import annotations
-
 import os
 import sys
 
@@ -110,11 +108,11 @@ class TorchFacts:
     def __init__(
         self,
         path: str,
-        version: str | None,
-        cuda: str | None,
-        git_version: str | None = None,
-        hip: str | None = None,
-        runtimes: Sequence[Runtime] = (),
+        version: "str | None",
+        cuda: "str | None",
+        git_version: "str | None" = None,
+        hip: "str | None" = None,
+        runtimes: "Sequence[Runtime]" = (),
     ) -> None:
         self.path = path  # the package directory, .../site-packages/torch
         self.version = version  # "2.3.1+cu121", None when torch/version.py is missing
@@ -129,7 +127,7 @@ class TorchFacts:
         return (self.version or "?").split("+", 1)[0]
 
     @property
-    def cuda_major(self) -> int | None:
+    def cuda_major(self) -> "int | None":
         version = _version_tuple(self.cuda)
         return version[0] if version else None
 
@@ -147,7 +145,7 @@ class TorchFacts:
         return f"TorchFacts({self.path!r}, version={self.version!r}, cuda={self.cuda!r}, hip={self.hip!r})"
 
 
-def _version_tuple(text: str | None) -> tuple[int, ...]:
+def _version_tuple(text: "str | None") -> "tuple[int, ...]":
     """'535.104.05' -> (535, 104, 5); the leading numeric run only; () when there is none."""
     parts = []
     for part in (text or "").split("."):
@@ -157,11 +155,11 @@ def _version_tuple(text: str | None) -> tuple[int, ...]:
     return tuple(parts)
 
 
-def _dotted(version: tuple[int, ...]) -> str:
+def _dotted(version: "tuple[int, ...]") -> str:
     return ".".join(f"{part:02d}" if index == 2 else str(part) for index, part in enumerate(version))
 
 
-def cuda_major(soname: str) -> int | None:
+def cuda_major(soname: str) -> "int | None":
     """libcudart.so.11.0 -> 11, libcublas.so.12 -> 12; None for a library not numbered by CUDA release."""
     name = os.path.basename(soname)
     if library_stem(name) not in _MAJOR_IS_CUDA:
@@ -171,7 +169,7 @@ def cuda_major(soname: str) -> int | None:
     return int(major) if dot_so and major.isdigit() else None
 
 
-def _read_text(path: str, limit: int = 1 << 16) -> str | None:
+def _read_text(path: str, limit: int = 1 << 16) -> "str | None":
     try:
         with open(path, "rb") as file:
             return file.read(limit).decode("utf-8", "replace")
@@ -179,7 +177,7 @@ def _read_text(path: str, limit: int = 1 << 16) -> str | None:
         return None
 
 
-def _version_file(text: str) -> dict[str, str | None]:
+def _version_file(text: str) -> "dict[str, str | None]":
     """The simple assignments of torch/version.py: `cuda: Optional[str] = '12.1'`, `cuda = None`."""
     values: dict[str, str | None] = {}
     for line in text.splitlines():
@@ -196,8 +194,8 @@ def _version_file(text: str) -> dict[str, str | None]:
 
 
 def find_torch(
-    path: Sequence[str] | None = None, environ: Mapping[str, str] | None = None
-) -> TorchFacts | None:
+    path: "Sequence[str] | None" = None, environ: "Mapping[str, str] | None" = None
+) -> "TorchFacts | None":
     """torch as `import torch` would find it on PATH (default sys.path), without importing it."""
     for entry in sys.path if path is None else path:
         if not isinstance(entry, str):
@@ -219,7 +217,7 @@ def find_torch(
     return None
 
 
-def _runtimes_in(directory: str, origin: str) -> list[Runtime]:
+def _runtimes_in(directory: str, origin: str) -> "list[Runtime]":
     """The libcudart files in DIRECTORY, one per major: libcudart.so.12 rather than its symlinks."""
     try:
         names = os.listdir(directory)
@@ -238,7 +236,7 @@ def _runtimes_in(directory: str, origin: str) -> list[Runtime]:
     return [Runtime(os.path.join(directory, name), origin) for name in best.values()]
 
 
-def find_runtimes(torch_dir: str, environ: Mapping[str, str]) -> list[Runtime]:
+def find_runtimes(torch_dir: str, environ: "Mapping[str, str]") -> "list[Runtime]":
     """CUDA runtimes in the order the loader tends to meet them: torch's own, the nvidia wheels,
     LD_LIBRARY_PATH, then the system CUDA installs."""
     found = _runtimes_in(os.path.join(torch_dir, "lib"), "torch/lib")
@@ -268,7 +266,7 @@ def find_runtimes(torch_dir: str, environ: Mapping[str, str]) -> list[Runtime]:
     return unique
 
 
-def driver_version(root: str = NVIDIA_PROC) -> str | None:
+def driver_version(root: str = NVIDIA_PROC) -> "str | None":
     """The NVIDIA kernel driver's version, '535.104.05', or None when no driver is loaded."""
     text = _read_text(os.path.join(root, "version"), 4096)
     if not text:
@@ -280,7 +278,7 @@ def driver_version(root: str = NVIDIA_PROC) -> str | None:
     return None
 
 
-def gpus(root: str = NVIDIA_PROC) -> list[str]:
+def gpus(root: str = NVIDIA_PROC) -> "list[str]":
     """The model of each GPU the driver sees, by bus id order: ['NVIDIA H200', ...]."""
     directory = os.path.join(root, "gpus")
     try:
@@ -306,11 +304,11 @@ def short_path(path: str) -> str:
     return "/".join(parts[-2:])
 
 
-def _torch_name(torch: TorchFacts) -> str:
+def _torch_name(torch: "TorchFacts") -> str:
     return f"torch {torch.short_version}"
 
 
-def _runtime_need(names: Iterable[str]) -> tuple[str, int] | None:
+def _runtime_need(names: "Iterable[str]") -> "tuple[str, int] | None":
     """The library that fixes which CUDA major a file needs: libcudart first, else any CUDA-numbered one."""
     numbered = [(name, major) for name in names if (major := cuda_major(name)) is not None]
     for name, major in numbered:
@@ -320,8 +318,8 @@ def _runtime_need(names: Iterable[str]) -> tuple[str, int] | None:
 
 
 def native_verdicts(
-    path: str, info: DynamicInfo | None, torch: TorchFacts | None, driver: str | None = None
-) -> list[str]:
+    path: str, info: "DynamicInfo | None", torch: "TorchFacts | None", driver: "str | None" = None
+) -> "list[str]":
     """Sentences on what in PATH's needs cannot work with this torch or driver; [] when nothing is wrong.
 
     INFO is read_dynamic(PATH); DRIVER is driver_version(), None when unknown or absent.
@@ -353,7 +351,7 @@ def native_verdicts(
     return verdicts
 
 
-def driver_verdicts(torch: TorchFacts | None, driver: str | None) -> list[str]:
+def driver_verdicts(torch: "TorchFacts | None", driver: "str | None") -> "list[str]":
     """Sentences on a driver too old for the CUDA torch is built for; [] when it is new enough or unknown."""
     if torch is None or not torch.cuda or driver is None:
         return []
@@ -376,10 +374,10 @@ def driver_verdicts(torch: TorchFacts | None, driver: str | None) -> list[str]:
 
 
 def torch_fields(
-    facts: TorchFacts,
-    driver: str | None = None,
-    gpu_models: Sequence[str] = (),
-    visible: str | None = None,
+    facts: "TorchFacts",
+    driver: "str | None" = None,
+    gpu_models: "Sequence[str]" = (),
+    visible: "str | None" = None,
 ) -> dict:
     """The torch event's fields before import: the files' facts, the CUDA runtimes at hand, the
     driver and its GPUs (events.render says them in one line).
@@ -402,7 +400,7 @@ def torch_fields(
     }
 
 
-def _demangle_prefix(symbol: str) -> str | None:
+def _demangle_prefix(symbol: str) -> "str | None":
     """The qualified name a mangled symbol starts with: _ZN3c1010TensorImpl4sizeEv -> c10::TensorImpl::size.
 
     Only nested names made of plain identifiers; templates and substitutions end it.
@@ -452,7 +450,9 @@ _CUDA_SYMBOLS = (
 )
 
 
-def explain_load_error(message: str, path: str | None = None, torch: TorchFacts | None = None) -> str | None:
+def explain_load_error(
+    message: str, path: "str | None" = None, torch: "TorchFacts | None" = None
+) -> "str | None":
     """One line on the likely cause of a failed native load of PATH, from its ImportError/OSError message.
 
     None when the message is not one of the failures recognised here.

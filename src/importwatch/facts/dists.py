@@ -9,8 +9,6 @@ traced program, where importing email, csv or zipfile would change the
 program's modules mid-import. Each RECORD is read once per process.
 """
 
-from __future__ import annotations
-
 import os
 
 TYPE_CHECKING = False
@@ -33,7 +31,7 @@ class Dist:
 
     __slots__ = ("name", "path", "torch_requirement", "version")
 
-    def __init__(self, path: str, name: str, version: str, torch_requirement: str | None) -> None:
+    def __init__(self, path: str, name: str, version: str, torch_requirement: "str | None") -> None:
         self.path = path  # the .dist-info folder
         self.name = name
         self.version = version
@@ -54,7 +52,7 @@ def normalize(name: str) -> str:
 
 
 # -- reading dist-info folders ------------------------------------------------------------
-def _read_text(path: str, limit: int) -> str | None:
+def _read_text(path: str, limit: int) -> "str | None":
     try:
         with open(path, "rb") as file:
             return file.read(limit).decode("utf-8", "replace")
@@ -62,7 +60,7 @@ def _read_text(path: str, limit: int) -> str | None:
         return None
 
 
-def read_metadata(dist_info: str) -> Dist | None:
+def read_metadata(dist_info: str) -> "Dist | None":
     """The Name, Version and torch requirement in DIST_INFO/METADATA; None when it cannot be read."""
     text = _read_text(os.path.join(dist_info, "METADATA"), _METADATA_LIMIT)
     if text is None:
@@ -87,7 +85,7 @@ def read_metadata(dist_info: str) -> Dist | None:
     return Dist(dist_info, name, version, torch_requirement)
 
 
-def torch_specifier(requirement: str) -> str | None:
+def torch_specifier(requirement: str) -> "str | None":
     """'torch (==2.7.1)' or 'torch==2.7.1; python_version>"3"' -> '==2.7.1'; None for another project,
     a requirement only for an extra, or no version constraint."""
     spec, _, marker = requirement.partition(";")
@@ -106,7 +104,7 @@ def torch_specifier(requirement: str) -> str | None:
     return constraint or None
 
 
-def _record_paths(dist_info: str) -> frozenset[str]:
+def _record_paths(dist_info: str) -> "frozenset[str]":
     """The files DIST_INFO/RECORD lists, relative to the folder that holds DIST_INFO, normalized."""
     text = _read_text(os.path.join(dist_info, "RECORD"), _RECORD_LIMIT) or ""
     paths = set()
@@ -130,14 +128,14 @@ class Owners:
         self._metadata: dict[str, Dist | None] = {}
         self._owners: dict[str, Dist | None] = {}
 
-    def owner(self, path: str) -> Dist | None:
+    def owner(self, path: str) -> "Dist | None":
         """The distribution whose RECORD lists PATH; None for a file no installed distribution owns."""
         path = os.path.abspath(path)
         if path not in self._owners:
             self._owners[path] = self._find(path)
         return self._owners[path]
 
-    def _find(self, path: str) -> Dist | None:
+    def _find(self, path: str) -> "Dist | None":
         folder = os.path.dirname(path)
         while True:
             parent = os.path.dirname(folder)
@@ -156,7 +154,7 @@ class Owners:
                     return self.metadata(info)
             return None
 
-    def _infos_in(self, folder: str) -> list[str]:
+    def _infos_in(self, folder: str) -> "list[str]":
         if folder not in self._dist_infos:
             try:
                 names = os.listdir(folder)
@@ -167,19 +165,19 @@ class Owners:
             ]
         return self._dist_infos[folder]
 
-    def _record(self, info: str) -> frozenset[str]:
+    def _record(self, info: str) -> "frozenset[str]":
         if info not in self._records:
             self._records[info] = _record_paths(info)
         return self._records[info]
 
-    def metadata(self, info: str) -> Dist | None:
+    def metadata(self, info: str) -> "Dist | None":
         if info not in self._metadata:
             self._metadata[info] = read_metadata(info)
         return self._metadata[info]
 
 
 # -- versions (PEP 440, the parts requirements on torch use) -----------------------------------
-def _number(text: str) -> tuple[int | None, str]:
+def _number(text: str) -> "tuple[int | None, str]":
     """The leading digits of TEXT as a number (None without any), and the rest."""
     end = 0
     while end < len(text) and text[end].isdigit():
@@ -187,7 +185,7 @@ def _number(text: str) -> tuple[int | None, str]:
     return (int(text[:end]) if end else None), text[end:]
 
 
-def _parse(version: str) -> tuple | None:
+def _parse(version: str) -> "tuple | None":
     """(epoch, release, pre, post, dev, local) of VERSION; None when it is not a PEP 440 version."""
     text, _, local = version.strip().lower().partition("+")
     text = text[1:] if text.startswith("v") else text
@@ -251,7 +249,7 @@ def _key(parsed: tuple) -> tuple:
     )
 
 
-def _clause_holds(operator: str, wanted: str, have: tuple, have_text: str) -> bool | None:
+def _clause_holds(operator: str, wanted: str, have: tuple, have_text: str) -> "bool | None":
     if operator == "===":
         return have_text.strip() == wanted
     if wanted.endswith(".*") and operator in ("==", "!="):
@@ -280,7 +278,7 @@ def _clause_holds(operator: str, wanted: str, have: tuple, have_text: str) -> bo
     return _key(have) < _key(target)
 
 
-def satisfies(version: str, specifier: str) -> bool | None:
+def satisfies(version: str, specifier: str) -> "bool | None":
     """Whether VERSION meets SPECIFIER ('==2.7.1', '>=2.0,<3'); None when either cannot be read."""
     have = _parse(version)
     if have is None:
@@ -302,19 +300,19 @@ def satisfies(version: str, specifier: str) -> bool | None:
 
 
 # -- verdicts ---------------------------------------------------------------------------------------
-def _cuda_of_local(local: str) -> str | None:
+def _cuda_of_local(local: str) -> "str | None":
     """'cu126' -> '12.6', 'cu118' -> '11.8'; None for cpu, rocm..., or no label."""
     digits = local[2:] if local.startswith("cu") else ""
     return f"{digits[:-1]}.{digits[-1]}" if len(digits) >= 2 and digits.isdigit() else None
 
 
-def _torch_build(torch: TorchFacts) -> str:
+def _torch_build(torch: "TorchFacts") -> str:
     if torch.cuda:
         return f"built for CUDA {torch.cuda}"
     return "a ROCm build" if torch.hip else "a CPU build"
 
 
-def verdict(dist: Dist, torch: TorchFacts | None) -> str | None:
+def verdict(dist: "Dist", torch: "TorchFacts | None") -> "str | None":
     """What DIST's metadata says against TORCH, in one sentence; None when it fits or says nothing.
 
     The torch pin comes first: it is decisive (an ABI built for another torch). Without a broken
@@ -341,7 +339,7 @@ def _same_minor(one: str, other: str) -> bool:
     return one.split(".")[:2] == other.split(".")[:2]
 
 
-def disagreements(dists: Sequence[Dist]) -> list[str]:
+def disagreements(dists: "Sequence[Dist]") -> "list[str]":
     """Pairs of distributions that cannot share one torch: different exact pins, or different CUDA."""
     found = []
     for index, one in enumerate(dists):
@@ -362,7 +360,7 @@ def disagreements(dists: Sequence[Dist]) -> list[str]:
     return found
 
 
-def _exact_pin(dist: Dist) -> str | None:
+def _exact_pin(dist: "Dist") -> "str | None":
     spec = dist.torch_requirement or ""
     if spec.startswith("==") and "," not in spec and not spec.endswith(".*"):
         return spec[2:]
@@ -374,7 +372,7 @@ def _key_or_text(version: str) -> object:
     return _key(parsed) if parsed is not None else version
 
 
-def owning_dists(paths: Iterable[str], owners: Owners | None = None) -> list[Dist]:
+def owning_dists(paths: "Iterable[str]", owners: "Owners | None" = None) -> "list[Dist]":
     """The distributions that own PATHS, each once, torch's own left out, in the order first met."""
     owners = owners or Owners()
     found: dict[str, Dist] = {}

@@ -6,8 +6,6 @@ headers, the dynamic segment and the strings it names. Anything that is not a
 well-formed ELF file gives None; nothing here raises.
 """
 
-from __future__ import annotations
-
 import os
 import sys
 
@@ -33,17 +31,17 @@ class DynamicInfo:
 
     __slots__ = ("needed", "rpath", "runpath", "soname")
 
-    needed: tuple[str, ...]
-    rpath: str | None
-    runpath: str | None
-    soname: str | None
+    needed: "tuple[str, ...]"
+    rpath: "str | None"
+    runpath: "str | None"
+    soname: "str | None"
 
     def __init__(
         self,
-        needed: tuple[str, ...] = (),
-        rpath: str | None = None,
-        runpath: str | None = None,
-        soname: str | None = None,
+        needed: "tuple[str, ...]" = (),
+        rpath: "str | None" = None,
+        runpath: "str | None" = None,
+        soname: "str | None" = None,
     ) -> None:
         setter = object.__setattr__
         setter(self, "needed", tuple(needed))
@@ -88,7 +86,7 @@ def _number(data: bytes, offset: int, size: int, order: str) -> int:
     return int.from_bytes(field, order)
 
 
-def _words(data: bytes, size: int, order: str) -> list[int]:
+def _words(data: bytes, size: int, order: str) -> "list[int]":
     """DATA as a list of unsigned SIZE-byte words, converted in C when the byte order is this machine's."""
     data = data[: len(data) - len(data) % size]
     if order == sys.byteorder:
@@ -96,7 +94,7 @@ def _words(data: bytes, size: int, order: str) -> list[int]:
     return [int.from_bytes(data[index : index + size], order) for index in range(0, len(data), size)]
 
 
-def read_dynamic(path: str) -> DynamicInfo | None:
+def read_dynamic(path: str) -> "DynamicInfo | None":
     """The dynamic section of the ELF file at PATH, or None if it is not a readable, well-formed ELF file."""
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
@@ -110,7 +108,7 @@ def read_dynamic(path: str) -> DynamicInfo | None:
         os.close(fd)
 
 
-def _read(fd: int) -> DynamicInfo | None:
+def _read(fd: int) -> "DynamicInfo | None":
     head = os.pread(fd, _HEAD, 0)
     if len(head) < 52 or head[:4] != b"\x7fELF" or head[4] not in (1, 2) or head[5] not in (1, 2):
         return None
@@ -150,7 +148,7 @@ def _read(fd: int) -> DynamicInfo | None:
     )
 
 
-def _program_headers(fd: int, head: bytes, wide: bool, order: str) -> tuple[bytes, int]:
+def _program_headers(fd: int, head: bytes, wide: bool, order: str) -> "tuple[bytes, int]":
     """The program header table (empty when there is none) and the size of its entries, from HEAD."""
     # Offsets of the fields used, in ELF64 and ELF32: e_phoff, e_shoff, e_phentsize, e_phnum, e_shentsize.
     word = 8 if wide else 4
@@ -172,7 +170,7 @@ def _program_headers(fd: int, head: bytes, wide: bool, order: str) -> tuple[byte
     return _pread(fd, table_size, phoff), phentsize
 
 
-def _dynamic_entries(fd: int, offset: int, size: int, word: int, order: str) -> tuple[list[int], list[int]]:
+def _dynamic_entries(fd: int, offset: int, size: int, word: int, order: str) -> "tuple[list[int], list[int]]":
     """The dynamic segment at OFFSET as its (d_tag, d_val) pairs, in two lists, up to DT_NULL."""
     if size > _MAX_DYNAMIC or size < 2 * word:
         raise _Corrupt
@@ -186,7 +184,7 @@ def _dynamic_entries(fd: int, offset: int, size: int, word: int, order: str) -> 
     return tags, values
 
 
-def _file_offset(fields: list[int], stride: int, types: list[int], address: int) -> int:
+def _file_offset(fields: "list[int]", stride: int, types: "list[int]", address: int) -> int:
     """Where ADDRESS (DT_STRTAB's, an address in memory) lies in the file: the PT_LOAD segment holding it says."""
     for entry in range(0, len(fields), stride):
         vaddr, filesz = fields[entry + 2], fields[entry + 4]
@@ -202,7 +200,7 @@ class _Strings:
     scattered among them: reading the span would cost more than ten small reads.
     """
 
-    def __init__(self, fd: int, base: int, size: int, offsets: Sequence[int]) -> None:
+    def __init__(self, fd: int, base: int, size: int, offsets: "Sequence[int]") -> None:
         self.fd, self.base, self.size = fd, base, size
         low, high = min(offsets), max(offsets)
         if high >= size:

@@ -5,8 +5,6 @@ compiler, a `sleep`), which would otherwise run on under PID 1. The standard lib
 nothing imported but os and time: the traced process loads it when --exit-on-stall is on.
 """
 
-from __future__ import annotations
-
 import os
 import time
 
@@ -23,7 +21,7 @@ def boot_ticks(seconds_ago: float) -> int:
     return int((_boottime(_BOOTTIME) - seconds_ago) * _TICK) - 1
 
 
-def descendants(pid: int, since: int = 0) -> list[tuple[int, str]]:
+def descendants(pid: int, since: int = 0) -> "list[tuple[int, str]]":
     """The children of PID started at or after SINCE (clock ticks since boot), and all their
     descendants, each as (pid, command name), parents first."""
     children: dict[int, list[tuple[int, int, str]]] = {}
@@ -53,7 +51,7 @@ def descendants(pid: int, since: int = 0) -> list[tuple[int, str]]:
     return found_list
 
 
-def end(processes: list[tuple[int, str]]) -> list[str]:
+def end(processes: "list[tuple[int, str]]") -> "list[str]":
     """SIGKILL each of PROCESSES (a stalled job's, which may ignore a gentler signal); returns
     "PID NAME" for those that were there to end."""
     ended = []

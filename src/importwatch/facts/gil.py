@@ -9,8 +9,6 @@ permission): glibc keeps a normal mutex's owner tid next to its lock word, a PI 
 in the lock word itself. Who waits for the GIL, and which init runs, only a native stack tells.
 """
 
-from __future__ import annotations
-
 import os
 import struct
 
@@ -48,7 +46,7 @@ _C_LIBRARY = ("libc.so", "libc-", "libpthread", "ld-linux", "ld-")
 _INIT_CALLERS = ("call_init", "_dl_init")
 
 
-def mutex_owner(pid: int, sample: ThreadSample, tids: Sequence[int]) -> int | None:
+def mutex_owner(pid: int, sample: "ThreadSample", tids: "Sequence[int]") -> "int | None":
     """The tid of the thread of PID (one of TIDS) that holds the mutex SAMPLE's thread waits for in
     futex(2); None when it waits for no mutex, or the owner cannot be read."""
     call = sample.syscall
@@ -71,7 +69,7 @@ def mutex_owner(pid: int, sample: ThreadSample, tids: Sequence[int]) -> int | No
     return None
 
 
-def mutex_words(pid: int, sample: ThreadSample) -> str | None:
+def mutex_words(pid: int, sample: "ThreadSample") -> "str | None":
     """'waiting for a mutex held by tid N' for a thread in futex(2) on a mutex another thread holds."""
     try:
         tids = [int(name) for name in os.listdir(f"/proc/{pid}/task")]
@@ -82,7 +80,7 @@ def mutex_words(pid: int, sample: ThreadSample) -> str | None:
 
 
 # -- native stacks -------------------------------------------------------------------------------------
-def frame_parts(line: str) -> tuple[str, str]:
+def frame_parts(line: str) -> "tuple[str, str]":
     """The function and library of a native frame as gdb prints it (whole or shortened: '#3 f from
     /lib/x.so', '#3  0x7f.. in f (a=1) at x.c:4') or as py-spy and pystack are read ('f from x.so')."""
     text = line.strip()
@@ -104,7 +102,7 @@ def _in_c_library(function: str, library: str) -> bool:
     return function.startswith(("_", "futex", "pthread_", "lll_", "sem_", "syscall", "clone", "start_thread"))
 
 
-def waits_for_gil(frames: Sequence[str]) -> bool:
+def waits_for_gil(frames: "Sequence[str]") -> bool:
     """True when a native stack (innermost first) waits for the GIL: past the C library's own frames,
     the first is one of the interpreter's GIL takers (a stack that only passed one on its way to
     some other wait is not waiting for it)."""
@@ -117,12 +115,12 @@ def waits_for_gil(frames: Sequence[str]) -> bool:
     return False
 
 
-def waits_for_mutex(frames: Sequence[str]) -> bool:
+def waits_for_mutex(frames: "Sequence[str]") -> bool:
     """True when a native stack (innermost first) is in pthread_mutex_lock."""
     return any(frame_parts(line)[0] in _MUTEX_LOCKS for line in frames[:8])
 
 
-def init_running(frames: Sequence[str]) -> str | None:
+def init_running(frames: "Sequence[str]") -> "str | None":
     """The extension init a native stack (innermost first) runs: 'PyInit_X', or 'the constructor of
     libY.so' (the function the dynamic loader's call_init called); None when it runs neither."""
     for index, line in enumerate(frames):
@@ -145,7 +143,9 @@ class Crossing:
 
     __slots__ = ("holder", "init", "owner", "stacks", "waiters")
 
-    def __init__(self, holder: int, init: str | None, owner: int | None, waiters: list[int], stacks: bool):
+    def __init__(
+        self, holder: int, init: "str | None", owner: "int | None", waiters: "list[int]", stacks: bool
+    ):
         self.holder = holder
         self.init = init
         self.owner = owner
@@ -157,7 +157,7 @@ class Crossing:
         """The owner waits for the GIL (or, the owner unread, some thread does)."""
         return self.owner in self.waiters if self.owner is not None else bool(self.waiters)
 
-    def sentence(self, name: Callable[[int], str], where: str) -> tuple[str, str]:
+    def sentence(self, name: "Callable[[int], str]", where: str) -> "tuple[str, str]":
         """The relation in one line, as a verdict (DEADLOCK, or "waiting" when the owner's wait is not
         known) and its words; NAME gives a thread's 'NAME (tid N)', WHERE the init without a stack."""
         holder = name(self.holder)
@@ -175,7 +175,7 @@ class Crossing:
         waiters = ", ".join(name(tid) for tid in self.waiters)
         return DEADLOCK, f"{head} (its owner cannot be read); {waiters} waits for the GIL"
 
-    def words_for(self, tid: int, name: Callable[[int], str]) -> str | None:
+    def words_for(self, tid: int, name: "Callable[[int], str]") -> "str | None":
         """What TID's part in the relation is, for its own line; None when it has none."""
         holder = name(self.holder)
         if tid in self.waiters and tid == self.owner:
@@ -188,8 +188,8 @@ class Crossing:
 
 
 def crossing(
-    pid: int, samples: dict[int, ThreadSample], holder: int, native: dict[int, list[str]], in_load: bool
-) -> Crossing | None:
+    pid: int, samples: "dict[int, ThreadSample]", holder: int, native: "dict[int, list[str]]", in_load: bool
+) -> "Crossing | None":
     """The relation around HOLDER, when it waits for a native mutex while holding the GIL (IN_LOAD: it is
     in an extension's load, so its init holds the GIL; else its native stack must show PyInit or a
     constructor); NATIVE: the native stacks read, per tid (empty when none)."""
@@ -207,6 +207,6 @@ def crossing(
     return Crossing(holder, init, owner, waiters, bool(native))
 
 
-def in_futex(sample: ThreadSample) -> bool:
+def in_futex(sample: "ThreadSample") -> bool:
     """True when the thread is blocked in futex(2) (a mutex, a condition, a semaphore)."""
     return bool(sample.syscall) and sample.syscall[0] == _FUTEX

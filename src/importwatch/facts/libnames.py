@@ -6,8 +6,8 @@ every load, before dlopen, and so they live apart from the ELF reader
 (facts/elf.py), which the C accelerator's own reader replaces there.
 """
 
-# No `from __future__ import annotations`: run from its compiled file in the program's import (tracing/native.py's
-# FIRST_FACTS), this module may import nothing that start-up holds back from the program, __future__ included.
+# Run from its compiled file in the program's import (tracing/native.py's FIRST_FACTS), this module may import
+# nothing that start-up holds back from the program (tracing/handback.py).
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterable

@@ -22,8 +22,6 @@ Names are the paths the loader opened, as it built them from its search path
 not the resolved file names that the maps show: they say where it looked.
 """
 
-from __future__ import annotations
-
 import os
 
 TYPE_CHECKING = False
@@ -32,7 +30,7 @@ if TYPE_CHECKING:
     from typing import Any, Callable
 
 
-def through_ctypes(ctypes: ModuleType) -> tuple[Callable[[], tuple[int, ...]], Callable[[], list[bytes]]]:
+def through_ctypes(ctypes: "ModuleType") -> "tuple[Callable[[], tuple[int, ...]], Callable[[], list[bytes]]]":
     """The two looks LoadedObjects takes, bound to dl_iterate_phdr through CTYPES, the program's own module
     (the C accelerator has its own: _speedups.loaded_counters and loaded_names); raises if there is none."""
 
@@ -53,13 +51,13 @@ def through_ctypes(ctypes: ModuleType) -> tuple[Callable[[], tuple[int, ...]], C
     names: list[bytes] = []
 
     # Each callback reads and returns at once: an exception in one would be printed by ctypes.
-    def read_counters(info: Any, size: int, _: Any) -> int:
+    def read_counters(info: "Any", size: int, _: "Any") -> int:
         if size >= need:
             counters.append(info[0].adds)
             counters.append(info[0].subs)
         return 1  # the counters are the same in every entry: stop after the first
 
-    def read_name(info: Any, size: int, _: Any) -> int:
+    def read_name(info: "Any", size: int, _: "Any") -> int:
         name = info[1]  # dlpi_name, the second pointer of the struct
         if name:
             names.append(name)
@@ -69,12 +67,12 @@ def through_ctypes(ctypes: ModuleType) -> tuple[Callable[[], tuple[int, ...]], C
     on_counters = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(Info), size_t, void_p)(read_counters)
     on_name = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_char_p), size_t, void_p)(read_name)
 
-    def look_counters() -> tuple[int, ...]:
+    def look_counters() -> "tuple[int, ...]":
         counters.clear()
         iterate(on_counters, None)
         return tuple(counters)
 
-    def look_names() -> list[bytes]:
+    def look_names() -> "list[bytes]":
         names.clear()
         iterate(on_name, None)
         return list(names)
@@ -85,7 +83,7 @@ def through_ctypes(ctypes: ModuleType) -> tuple[Callable[[], tuple[int, ...]], C
 class LoadedObjects:
     """The objects in the loader's list, and which of them are new since the last look."""
 
-    def __init__(self, counters: Callable[[], tuple[int, ...]], names: Callable[[], list[bytes]]) -> None:
+    def __init__(self, counters: "Callable[[], tuple[int, ...]]", names: "Callable[[], list[bytes]]") -> None:
         """COUNTERS and NAMES look at the loader's list (see through_ctypes); raises OSError if it keeps no
         counters."""
         self._counters = counters
@@ -96,7 +94,7 @@ class LoadedObjects:
             raise OSError("dl_iterate_phdr gives no dlpi_adds counter")
         self.added("")  # the baseline: everything loaded so far is known
 
-    def added(self, loading: str) -> list[str]:
+    def added(self, loading: str) -> "list[str]":
         """The paths of the objects loaded since the last call besides LOADING, the file just dlopened.
 
         In load order; [] when nothing else was loaded. When the counters say that

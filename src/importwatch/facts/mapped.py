@@ -7,8 +7,8 @@ the libcudart.so.12 the loader asked for), so the names a DT_NEEDED entry may
 use are derived from each file name.
 """
 
-# No `from __future__ import annotations`: run from its compiled file in the program's import (tracing/native.py's
-# FIRST_FACTS), this module may import nothing that start-up holds back from the program, __future__ included.
+# Run from its compiled file in the program's import (tracing/native.py's FIRST_FACTS), this module may import
+# nothing that start-up holds back from the program (tracing/handback.py).
 import os
 
 TYPE_CHECKING = False

@@ -10,8 +10,8 @@ Imports nothing but os and procstat at its top: the stall report loads it inside
 process, where every import of ours would be a line in the program's log.
 """
 
-# No `from __future__ import annotations`: run from memory at a stall (tracing/standby.py), this module
-# may import nothing that start-up holds back from the program, __future__ included.
+# Run from memory at a stall (tracing/standby.py), this module may import nothing that start-up holds back
+# from the program (tracing/handback.py).
 import os
 
 from importwatch.facts import procstat

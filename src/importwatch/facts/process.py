@@ -9,8 +9,6 @@ ptrace_scope may deny to a process that is not the target's ancestor. Each reade
 returns None or [] when it cannot see, and ptrace_blocker() says why.
 """
 
-from __future__ import annotations
-
 import bisect
 import os
 import signal
@@ -70,7 +68,7 @@ class ThreadSample:
 _read = read_file  # the short name the readers below use
 
 
-def sample_threads(pid: int, detail: bool = False) -> dict[int, ThreadSample]:
+def sample_threads(pid: int, detail: bool = False) -> "dict[int, ThreadSample]":
     """Every thread of PID now; with DETAIL also its wait channel and the syscall it is blocked in."""
     try:
         tids = [int(name) for name in os.listdir(f"/proc/{pid}/task")]
@@ -96,7 +94,7 @@ def sample_threads(pid: int, detail: bool = False) -> dict[int, ThreadSample]:
     return samples
 
 
-def _read_syscall(path: str) -> list[int] | None:
+def _read_syscall(path: str) -> "list[int] | None":
     data = _read(path)
     if not data or data.startswith((b"running", b"-1")):
         return None
@@ -106,7 +104,7 @@ def _read_syscall(path: str) -> list[int] | None:
         return None
 
 
-def cpu_share(before: ThreadSample | None, after: ThreadSample, seconds: float) -> float | None:
+def cpu_share(before: "ThreadSample | None", after: "ThreadSample", seconds: float) -> "float | None":
     """Share of one CPU the thread used (or waited in the run queue for) between two samples; None
     without an earlier sample."""
     if before is None or seconds <= 0:
@@ -128,7 +126,7 @@ def state_words(state: str, verdict: str) -> str:
     return state
 
 
-def verdict(sample: ThreadSample, share: float | None) -> str:
+def verdict(sample: "ThreadSample", share: "float | None") -> str:
     """busy (using CPU), waiting (asleep, or in disk wait), stopped, or gone (a zombie or dead thread)."""
     if sample.state in "Tt":
         return STOPPED
@@ -145,7 +143,7 @@ class ProcessStat:
 
     __slots__ = ("comm", "exit_code", "pgrp", "ppid", "start", "state", "tpgid", "tty")
 
-    def __init__(self, comm: str, fields: list[bytes]) -> None:
+    def __init__(self, comm: str, fields: "list[bytes]") -> None:
         self.comm = comm
         self.state = fields[procstat.STATE].decode()
         self.ppid, self.pgrp = int(fields[procstat.PPID]), int(fields[procstat.PGRP])
@@ -164,7 +162,7 @@ class ProcessStat:
         return self.tty != 0 and self.tpgid > 0 and self.tpgid != self.pgrp
 
 
-def process_stat(pid: int) -> ProcessStat | None:
+def process_stat(pid: int) -> "ProcessStat | None":
     found = procstat.read(f"/proc/{pid}/stat")
     if found is None:
         return None
@@ -191,7 +189,7 @@ _PIDFD_GET_INFO = (3 << 30) | (_PIDFD_INFO_SIZE << 16) | (0xFF << 8) | 11
 _PIDFD_INFO_EXIT = 1 << 3
 
 
-def reaped_status(pidfd: int) -> int | None:
+def reaped_status(pidfd: int) -> "int | None":
     """The wait status of a process already reaped by its parent, from its pidfd (Linux >= 6.15)."""
     try:
         import fcntl
@@ -209,7 +207,7 @@ def reaped_status(pidfd: int) -> int | None:
     return struct.unpack_from("i", buffer, 60)[0]
 
 
-def read_memory(pid: int, address: int, size: int) -> bytes | None:
+def read_memory(pid: int, address: int, size: int) -> "bytes | None":
     """SIZE bytes of PID's memory at ADDRESS (needs ptrace permission)."""
     try:
         fd = os.open(f"/proc/{pid}/mem", os.O_RDONLY | os.O_CLOEXEC)
@@ -234,7 +232,7 @@ def command_of(pid: int) -> str:
 
 
 # -- who else holds the process -----------------------------------------------------------------
-def ptrace_blocker(pid: int) -> str | None:
+def ptrace_blocker(pid: int) -> "str | None":
     """Why this process may not read PID's syscalls and stacks (Yama), or None when it may."""
     status = (_read("/proc/self/status") or b"").decode("ascii", "replace")
     for line in status.splitlines():
@@ -254,7 +252,7 @@ def is_watcher_of(candidate: int, pid: int) -> bool:
     return b"importwatch.watcher" in command and f"\0--pid\0{pid}\0".encode() in command
 
 
-def traced_by_us(pid: int, tracer: int | None = None) -> bool:
+def traced_by_us(pid: int, tracer: "int | None" = None) -> bool:
     """True when PID's debugger is one our watcher started (to read its native stacks)."""
     tracer = tracer_pid(pid) if tracer is None else tracer
     if not tracer:
@@ -280,7 +278,7 @@ class CodeRanges:
         self.ranges.sort()
         self.starts = [low for low, _, _ in self.ranges]
 
-    def library_at(self, address: int) -> str | None:
+    def library_at(self, address: int) -> "str | None":
         index = bisect.bisect_right(self.starts, address) - 1
         if index >= 0:
             low, high, path = self.ranges[index]
@@ -289,7 +287,9 @@ class CodeRanges:
         return None
 
 
-def libraries_on_stack(pid: int, sample: ThreadSample, code: CodeRanges, depth: int = 1 << 16) -> list[str]:
+def libraries_on_stack(
+    pid: int, sample: "ThreadSample", code: "CodeRanges", depth: int = 1 << 16
+) -> "list[str]":
     """Libraries with return addresses on the thread's stack, innermost first (needs ptrace permission).
 
     No unwinder: every word from the stack pointer up that points into a
@@ -311,7 +311,7 @@ def libraries_on_stack(pid: int, sample: ThreadSample, code: CodeRanges, depth: 
     return list(found)
 
 
-def is_timer_thread(pid: int, sample: ThreadSample, code: CodeRanges) -> bool:
+def is_timer_thread(pid: int, sample: "ThreadSample", code: "CodeRanges") -> bool:
     """True for faulthandler's timer thread, told from outside without a debugger.
 
     It is the one thread CPython starts in C: it blocks every signal, and only the
@@ -332,7 +332,7 @@ def _is_runtime(path: str) -> bool:
     return name.startswith(("libc.so", "libc-", "libpthread", "ld-linux", "ld-", "libpython"))
 
 
-def alive(pid: int, start: int | None = None) -> bool:
+def alive(pid: int, start: "int | None" = None) -> bool:
     """True while PID exists and is not a zombie (and, given START, is the same process)."""
     stat = process_stat(pid)
     return stat is not None and stat.state not in "ZX" and (start is None or stat.start == start)

@@ -6,8 +6,6 @@ The command name (comm) is the program's to choose, spaces and parentheses inclu
 traced process (the watchdog, fork handling): the standard library only, nothing else.
 """
 
-from __future__ import annotations
-
 import os
 
 # Indices into the fields after comm (proc(5)'s field number minus 3).
@@ -23,7 +21,7 @@ START_TIME = 19  # in clock ticks since boot: with the pid, it tells a process f
 EXIT_CODE = 49  # Linux >= 3.5: the wait status once the process is exiting
 
 
-def tasks() -> set[str]:
+def tasks() -> "set[str]":
     """The kernel thread ids of this process."""
     try:
         return set(os.listdir("/proc/self/task"))
@@ -31,13 +29,13 @@ def tasks() -> set[str]:
         return set()
 
 
-def split(data: bytes) -> tuple[str, list[bytes]]:
+def split(data: bytes) -> "tuple[str, list[bytes]]":
     """The comm (ASCII, the rest escaped) and the fields after it, of the stat line DATA."""
     head, _, tail = data.rpartition(b")")
     return head.partition(b"(")[2].decode("ascii", "backslashreplace"), tail.split()
 
 
-def read(path: str) -> tuple[str, list[bytes]] | None:
+def read(path: str) -> "tuple[str, list[bytes]] | None":
     """The comm and the fields after it of the stat file at PATH (`/proc/PID/stat`,
     `/proc/PID/task/TID/stat`); None when it cannot be read (the process or thread is gone)."""
     try:
@@ -54,18 +52,18 @@ def read(path: str) -> tuple[str, list[bytes]] | None:
     return split(data) if data else None
 
 
-def fields(path: str) -> list[bytes] | None:
+def fields(path: str) -> "list[bytes] | None":
     """The fields after comm of the stat file at PATH; None when it cannot be read."""
     found = read(path)
     return found[1] if found is not None else None
 
 
-def cpu_ticks(stat: list[bytes]) -> int:
+def cpu_ticks(stat: "list[bytes]") -> int:
     """User plus system CPU time, in clock ticks, of the fields STAT (ValueError, IndexError if malformed)."""
     return int(stat[UTIME]) + int(stat[STIME])
 
 
-def read_file(path: str, limit: int = 1 << 16) -> bytes | None:
+def read_file(path: str, limit: int = 1 << 16) -> "bytes | None":
     """The file at PATH read to its end (at most LIMIT bytes), or None when it cannot be read."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -88,7 +86,7 @@ def read_file(path: str, limit: int = 1 << 16) -> bytes | None:
         os.close(fd)
 
 
-def schedstat(path: str) -> float | None:
+def schedstat(path: str) -> "float | None":
     """Seconds the thread ran or waited in the run queue for a CPU, from the schedstat file at PATH
     (`/proc/PID/task/TID/schedstat`); None when it cannot be read (no CONFIG_SCHEDSTATS, or gone)."""
     try:
@@ -98,7 +96,7 @@ def schedstat(path: str) -> float | None:
         return None
 
 
-def tracer_pid(pid: int | str = "self") -> int:
+def tracer_pid(pid: "int | str" = "self") -> int:
     """The pid of the debugger (ptrace) attached to process PID, 0 when none (or it cannot be read)."""
     for line in (read_file(f"/proc/{pid}/status") or b"").splitlines():
         if line.startswith(b"TracerPid:"):
@@ -107,7 +105,7 @@ def tracer_pid(pid: int | str = "self") -> int:
     return 0
 
 
-def blocks_all_signals(pid: int | str, tid: int) -> bool:
+def blocks_all_signals(pid: "int | str", tid: int) -> bool:
     """True when thread TID blocks every signal it can (faulthandler's timer thread does, and ours)."""
     status = read_file(f"/proc/{pid}/task/{tid}/status") or b""
     for line in status.splitlines():
@@ -122,7 +120,7 @@ def blocks_all_signals(pid: int | str, tid: int) -> bool:
     return False
 
 
-def net_rows(where: str, table: str) -> list[list[str]] | None:
+def net_rows(where: str, table: str) -> "list[list[str]] | None":
     """The rows of /proc/WHERE/net/TABLE (tcp, udp6, unix, ...) split into fields, without the header
     line; None when it cannot be read. WHERE: a pid, or "self"."""
     data = read_file(f"/proc/{where}/net/{table}", 1 << 24)
@@ -131,7 +129,7 @@ def net_rows(where: str, table: str) -> list[list[str]] | None:
     return [line.split() for line in data.decode("utf-8", "replace").splitlines()[1:]]
 
 
-def has_waker(pid: int | str, tid: int) -> bool:
+def has_waker(pid: "int | str", tid: int) -> bool:
     """Whether PID ("self" too) has a thread besides TID that could wake it. faulthandler's timer and
     importwatch's own threads block every signal and wake no one; when /proc cannot tell, True."""
     try:

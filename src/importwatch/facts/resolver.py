@@ -7,8 +7,8 @@ process's own view of /etc/resolv.conf (/proc/PID/root: its mount namespace, a
 container's file). The standard library only: the traced process reads this too.
 """
 
-# No `from __future__ import annotations`: run from memory at a stall (tracing/standby.py), this module
-# may import nothing that start-up holds back from the program, __future__ included.
+# Run from memory at a stall (tracing/standby.py), this module may import nothing that start-up holds back
+# from the program (tracing/handback.py).
 import os
 
 from importwatch.facts import procstat

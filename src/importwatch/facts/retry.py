@@ -10,8 +10,8 @@ tuple of the caller. /proc/net/tcp says whether anything listens on the port. Th
 standard library only, imported by the stall report only when it needs it.
 """
 
-# No `from __future__ import annotations`: run from memory at a stall (tracing/standby.py), this module
-# may import nothing that start-up holds back from the program, __future__ included.
+# Run from memory at a stall (tracing/standby.py), this module may import nothing that start-up holds back
+# from the program (tracing/handback.py).
 import builtins
 import os
 import sys

@@ -6,8 +6,6 @@ site-packages holding torch has some 25,000 files, so the walk uses scandir and
 looks only at names that can be shared objects.
 """
 
-from __future__ import annotations
-
 import os
 import re
 import site
@@ -43,9 +41,9 @@ class Library:
         self,
         path: str,
         package: str,
-        cuda_libs: Sequence[str],
-        torch_links: Sequence[str],
-        module: str | None = None,
+        cuda_libs: "Sequence[str]",
+        torch_links: "Sequence[str]",
+        module: "str | None" = None,
     ) -> None:
         self.path = path
         self.package = package  # the top-level folder or module it belongs to: fastkern, torch, nvidia
@@ -77,7 +75,7 @@ class ScanResult:
 
     __slots__ = ("files", "libraries", "roots", "seconds", "shared_objects")
 
-    def __init__(self, roots: Sequence[str]) -> None:
+    def __init__(self, roots: "Sequence[str]") -> None:
         self.roots = list(roots)
         self.libraries: list[Library] = []
         self.files = 0  # directory entries looked at
@@ -85,11 +83,11 @@ class ScanResult:
         self.seconds = 0.0
 
     @property
-    def cuda_libraries(self) -> list[Library]:
+    def cuda_libraries(self) -> "list[Library]":
         """Libraries that link CUDA, the nvidia-* runtimes left out."""
         return [lib for lib in self.libraries if lib.cuda and not lib.is_runtime]
 
-    def cuda_modules(self) -> dict[str, list[str]]:
+    def cuda_modules(self) -> "dict[str, list[str]]":
         """Per package that ships CUDA extensions (torch's own left out), its extension modules."""
         modules: dict[str, list[str]] = {}
         for lib in self.cuda_libraries:
@@ -111,7 +109,7 @@ def _is_shared_object(name: str) -> bool:
     return name.endswith(".so") or ".so." in name
 
 
-def _module_of(path: str, root: str) -> str | None:
+def _module_of(path: str, root: str) -> "str | None":
     """fastkern._kernels for ROOT/fastkern/_kernels.cpython-311-x86_64-linux-gnu.so; None for a file
     that is not an extension module (libfoo.so.1, a folder that is not a package name)."""
     relative = os.path.relpath(path, root).split(os.sep)
@@ -134,7 +132,7 @@ def _package_of(name: str) -> str:
     return name.split(".", 1)[0] if _is_shared_object(name) or name.endswith(".py") else name
 
 
-def site_roots(path: Sequence[str] | None = None, environ: dict[str, str] | None = None) -> list[str]:
+def site_roots(path: "Sequence[str] | None" = None, environ: "dict[str, str] | None" = None) -> "list[str]":
     """The folders packages are installed in for this interpreter: site-packages (system, user, venv),
     folders added by .pth files, and PYTHONPATH; the standard library and the current folder left out."""
     environ = dict(os.environ) if environ is None else environ
@@ -182,7 +180,9 @@ def site_roots(path: Sequence[str] | None = None, environ: dict[str, str] | None
     return [root for root in roots if not any(root.startswith(other + os.sep) for other in roots)]
 
 
-def resolve_packages(names: Iterable[str], roots: Sequence[str]) -> tuple[list[tuple[str, str]], list[str]]:
+def resolve_packages(
+    names: "Iterable[str]", roots: "Sequence[str]"
+) -> "tuple[list[tuple[str, str]], list[str]]":
     """Each --packages NAME as (folder or file, package name): a path as given (a package folder, a
     module file, or a site folder, whose package name is ""), else a top-level package or module
     found in ROOTS. Returns those found and the names not found."""
@@ -222,7 +222,7 @@ def resolve_packages(names: Iterable[str], roots: Sequence[str]) -> tuple[list[t
     return found, missing
 
 
-def scan(places: Sequence[tuple[str, str]]) -> ScanResult:
+def scan(places: "Sequence[tuple[str, str]]") -> "ScanResult":
     """Every shared object under PLACES ((folder or file, package name or "" for a site folder))
     that links CUDA or torch libraries."""
     started = time.perf_counter()
@@ -253,7 +253,7 @@ def scan(places: Sequence[tuple[str, str]]) -> ScanResult:
     return result
 
 
-def _walk(result: ScanResult, folder: str, package: str, seen: set[str], root: str) -> None:
+def _walk(result: "ScanResult", folder: str, package: str, seen: "set[str]", root: str) -> None:
     real = os.path.realpath(folder)
     if real in seen:
         return
@@ -278,7 +278,7 @@ def _walk(result: ScanResult, folder: str, package: str, seen: set[str], root: s
                     stack.append(entry.path)  # auditwheel's vendored libraries: pkg.libs/
 
 
-def _look(result: ScanResult, path: str, package: str, root: str) -> None:
+def _look(result: "ScanResult", path: str, package: str, root: str) -> None:
     info = read_dynamic(path)
     if info is None:
         return
@@ -289,7 +289,9 @@ def _look(result: ScanResult, path: str, package: str, root: str) -> None:
         result.libraries.append(Library(path, package, needs, links, _module_of(path, root)))
 
 
-def verdicts(result: ScanResult, torch: TorchFacts | None, driver: str | None) -> list[tuple[Library, str]]:
+def verdicts(
+    result: "ScanResult", torch: "TorchFacts | None", driver: "str | None"
+) -> "list[tuple[Library, str]]":
     """Each mismatch in words (cuda.native_verdicts), with the library it is about."""
     found = []
     for lib in result.cuda_libraries:
@@ -311,14 +313,14 @@ class Architectures:
 
     __slots__ = ("cubins", "ptx")
 
-    def __init__(self, cubins: Iterable[int] = (), ptx: Iterable[int] = ()) -> None:
+    def __init__(self, cubins: "Iterable[int]" = (), ptx: "Iterable[int]" = ()) -> None:
         self.cubins = sorted(set(cubins))  # 80 for sm_80
         self.ptx = sorted(set(ptx))
 
     def __bool__(self) -> bool:
         return bool(self.cubins or self.ptx)
 
-    def names(self) -> list[str]:
+    def names(self) -> "list[str]":
         return [f"sm_{arch}" for arch in self.cubins] + [f"compute_{arch}" for arch in self.ptx]
 
     def runs_on(self, major: int, minor: int) -> str:
@@ -332,7 +334,7 @@ class Architectures:
         return "none"
 
 
-def _section(fd: int, name: bytes) -> tuple[int, int] | None:
+def _section(fd: int, name: bytes) -> "tuple[int, int] | None":
     """(file offset, size) of the ELF section NAME, from the section headers; None if absent."""
     head = os.pread(fd, 64, 0)
     if len(head) < 52 or head[:4] != b"\x7fELF":
@@ -352,7 +354,7 @@ def _section(fd: int, name: bytes) -> tuple[int, int] | None:
     # sh_name@0, sh_offset and sh_size at 24, 32 (ELF64) or 16, 20 (ELF32).
     word, at_offset, at_size = (8, 24, 32) if wide else (4, 16, 20)
 
-    def header(index: int) -> tuple[int, int, int]:
+    def header(index: int) -> "tuple[int, int, int]":
         base = index * shentsize
         return (
             number(table, base, 4),
@@ -369,7 +371,7 @@ def _section(fd: int, name: bytes) -> tuple[int, int] | None:
     return None
 
 
-def architectures(path: str) -> Architectures:
+def architectures(path: str) -> "Architectures":
     """The sm_XY (cubin) and compute_XY (PTX) code in PATH's .nv.fatbin section (empty when none)."""
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
@@ -391,7 +393,7 @@ def architectures(path: str) -> Architectures:
         os.close(fd)
 
 
-def _fatbin_entries(fd: int, start: int, size: int) -> Architectures:
+def _fatbin_entries(fd: int, start: int, size: int) -> "Architectures":
     """Walk the fat binary containers in the section: a 16-byte header (magic, version, header size,
     size of what follows) then entries, each a header (kind u16 @0, header size u32 @4, payload size
     u64 @8, sm architecture u32 @28) and its payload. Only headers are read, never payloads."""
@@ -430,7 +432,7 @@ def _fatbin_entries(fd: int, start: int, size: int) -> Architectures:
     return Architectures(cubins, ptx)
 
 
-def _names_in(fd: int, start: int, size: int) -> Architectures:
+def _names_in(fd: int, start: int, size: int) -> "Architectures":
     """sm_XY and compute_XY names written in clear (PTX text, cubin notes) in SIZE bytes at START."""
     cubins: set[int] = set()
     ptx: set[int] = set()

@@ -12,8 +12,6 @@ checks (ptrace_blocker, TracerPid), the way to find a helper (never from the wor
 directory), to run it and to quote its last line, and one Stacks.
 """
 
-from __future__ import annotations
-
 import os
 import subprocess
 import time
@@ -46,7 +44,7 @@ class StackFrame:
 
     __slots__ = ("argument", "filename", "function", "line", "values")
 
-    def __init__(self, function: str, filename: str, line: int | None = None, argument: str = "") -> None:
+    def __init__(self, function: str, filename: str, line: "int | None" = None, argument: str = "") -> None:
         self.function = function
         self.filename = filename
         self.line = line
@@ -91,9 +89,9 @@ class Stacks:
     def __init__(
         self,
         tool: str = "",
-        threads: list[tuple[int | None, str, list[str]]] | None = None,
+        threads: "list[tuple[int | None, str, list[str]]] | None" = None,
         seconds: float = 0.0,
-        gdb: subprocess.Popen | None = None,
+        gdb: "subprocess.Popen | None" = None,
     ) -> None:
         self.tool = tool
         self.threads = threads if threads is not None else []
@@ -120,7 +118,7 @@ class Stacks:
 
 
 # -- the helpers ---------------------------------------------------------------------------------
-def find_program(name: str) -> str | None:
+def find_program(name: str) -> "str | None":
     """NAME's executable in the absolute folders of PATH, or None.
 
     An empty, `.` or relative entry means the working directory, where anyone who can
@@ -135,7 +133,7 @@ def find_program(name: str) -> str | None:
     return None
 
 
-def run_helper(tool: str, command: list[str], timeout: float) -> tuple[str, str] | str:
+def run_helper(tool: str, command: "list[str]", timeout: float) -> "tuple[str, str] | str":
     """The stdout and stderr of TOOL (a stack reader) run as COMMAND, within TIMEOUT seconds; or why
     it failed."""
     # Nothing on its stdin; what it says is read as text, any byte it cannot decode replaced.
@@ -147,7 +145,7 @@ def run_helper(tool: str, command: list[str], timeout: float) -> tuple[str, str]
     return done.stdout, done.stderr
 
 
-def last_line(text: str, default: str | None = "?", skip: tuple[str, ...] = ()) -> str | None:
+def last_line(text: str, default: "str | None" = "?", skip: "tuple[str, ...]" = ()) -> "str | None":
     """The last line of TEXT that is not blank and starts with none of SKIP, stripped: what a helper or
     a child said last, often its reason; DEFAULT when there is none."""
     for line in reversed(text.splitlines()):
@@ -157,7 +155,7 @@ def last_line(text: str, default: str | None = "?", skip: tuple[str, ...] = ()) 
 
 
 # -- the watcher's read: native stacks, the process held ---------------------------------------------
-def read_native_stacks(pid: int, timeout: float = 10.0) -> Stacks | str:
+def read_native_stacks(pid: int, timeout: float = 10.0) -> "Stacks | str":
     """The watcher's read: every thread's native stack from the first debugger installed, or why there are none.
 
     A debugger stops every thread of the process while it reads them (gdb: a few
@@ -192,7 +190,7 @@ def read_native_stacks(pid: int, timeout: float = 10.0) -> Stacks | str:
     return "no native stacks: install gdb, py-spy or pystack to see them"
 
 
-def _gdb_stacks(path: str, pid: int, timeout: float) -> Stacks | str:
+def _gdb_stacks(path: str, pid: int, timeout: float) -> "Stacks | str":
     """gdb, driven through its stdin: attach, print every stack and a mark, then wait to be released."""
     import selectors
 
@@ -230,7 +228,7 @@ def _gdb_stacks(path: str, pid: int, timeout: float) -> Stacks | str:
     return Stacks("gdb", threads, time.monotonic() - began, gdb)
 
 
-def _end_gdb(gdb: subprocess.Popen, commands: bytes) -> None:
+def _end_gdb(gdb: "subprocess.Popen", commands: bytes) -> None:
     try:
         if commands:
             gdb.stdin.write(commands)
@@ -245,7 +243,7 @@ def _end_gdb(gdb: subprocess.Popen, commands: bytes) -> None:
     gdb.stdout.close()
 
 
-def gdb_threads(output: str, frames: int = 24) -> list[tuple[int | None, str, list[str]]]:
+def gdb_threads(output: str, frames: int = 24) -> "list[tuple[int | None, str, list[str]]]":
     """gdb's backtraces per thread: (LWP, "Thread N (LWP T)", frames shortened to function and library)."""
     threads: list[tuple[int | None, str, list[str]]] = []
     count = 0
@@ -263,7 +261,7 @@ def gdb_threads(output: str, frames: int = 24) -> list[tuple[int | None, str, li
     return threads
 
 
-def _lwp(line: str) -> int | None:
+def _lwp(line: str) -> "int | None":
     start = line.find("(LWP ")
     number = line[start + 5 : line.find(")", start)] if start >= 0 else ""
     return int(number) if number.isdigit() else None
@@ -285,7 +283,7 @@ def short_frame(line: str) -> str:
 
 
 # -- inspect's read: Python frames, the process never held -------------------------------------------
-def held(pid: int) -> str | None:
+def held(pid: int) -> "str | None":
     """Why no debugger may attach to PID without changing it (stopped, or held by another); else None."""
     tracer = process.tracer_pid(pid)
     if tracer and tracer != os.getpid():
@@ -296,7 +294,7 @@ def held(pid: int) -> str | None:
     return None
 
 
-def read_stacks(pid: int, native: bool, version: str | None) -> Stacks:
+def read_stacks(pid: int, native: bool, version: "str | None") -> "Stacks":
     """inspect's read, which never holds the process: the stacks from py-spy, else pystack, and from gdb what they did not read (all of it when
     neither is installed); why not, when none can."""
     stacks = Stacks()
@@ -339,7 +337,7 @@ def read_stacks(pid: int, native: bool, version: str | None) -> Stacks:
     return stacks
 
 
-def _helper(stacks: Stacks, name: str, command: list[str]) -> tuple[str, str] | None:
+def _helper(stacks: "Stacks", name: str, command: "list[str]") -> "tuple[str, str] | None":
     """The stdout and stderr of the helper NAME run as COMMAND; None, said in STACKS, when it failed."""
     done = run_helper(name, command, HELPER_TIMEOUT)
     if isinstance(done, str):
@@ -348,7 +346,9 @@ def _helper(stacks: Stacks, name: str, command: list[str]) -> tuple[str, str] | 
     return done
 
 
-def _take_python(stacks: Stacks, name: str, parse: Callable[[str, Stacks], None], out: str, err: str) -> None:
+def _take_python(
+    stacks: "Stacks", name: str, parse: "Callable[[str, Stacks], None]", out: str, err: str
+) -> None:
     """The Python stacks the helper NAME printed on OUT, parsed into STACKS; or why there are none."""
     parse(out, stacks)
     if not any(stacks.python.values()):
@@ -359,7 +359,7 @@ def _take_python(stacks: Stacks, name: str, parse: Callable[[str, Stacks], None]
 
 
 # -- gdb ---------------------------------------------------------------------------------------------
-def _gdb(stacks: Stacks, gdb: str, pid: int, native: bool, version: str | None, python: bool) -> None:
+def _gdb(stacks: "Stacks", gdb: str, pid: int, native: bool, version: "str | None", python: bool) -> None:
     command = [gdb, "-p", str(pid), "-batch", "-nx", "-ex", "set pagination off"]
     if native:
         command += ["-ex", "thread apply all bt"]
@@ -384,7 +384,7 @@ def _gdb(stacks: Stacks, gdb: str, pid: int, native: bool, version: str | None, 
         stacks.unseen.append(f"gdb showed no native stacks: {last_line(err)}")
 
 
-def parse_gdb(out: str, stacks: Stacks) -> str:
+def parse_gdb(out: str, stacks: "Stacks") -> str:
     """gdb's backtraces and gdb_frames.py's lines into STACKS; that script's end status."""
     native_lines: list[str] = []
     thread: int | None = None
@@ -410,7 +410,7 @@ def parse_gdb(out: str, stacks: Stacks) -> str:
 
 
 # -- py-spy ------------------------------------------------------------------------------------------
-def _pyspy(stacks: Stacks, pyspy: str, pid: int, native: bool, may_stop: bool) -> None:
+def _pyspy(stacks: "Stacks", pyspy: str, pid: int, native: bool, may_stop: bool) -> None:
     # Without native frames py-spy reads the memory without stopping the process at all; a hung
     # process's frames hold still. Should that read come out torn (a busy process), it stops it,
     # unless it must not be touched (MAY_STOP false: stopped, or held by another debugger).
@@ -424,7 +424,7 @@ def _pyspy(stacks: Stacks, pyspy: str, pid: int, native: bool, may_stop: bool) -
     _take_python(stacks, "py-spy", parse_pyspy, *done)
 
 
-def _thread_lines(out: str, header: str, word: int, base: int) -> Iterator[tuple[int, str, str, bool]]:
+def _thread_lines(out: str, header: str, word: int, base: int) -> "Iterator[tuple[int, str, str, bool]]":
     """A stack reader's OUT as (thread, line, stripped line, whether it is the thread's header).
 
     A thread's lines follow a line starting with HEADER whose WORDth word is the thread's number (in
@@ -445,7 +445,7 @@ def _thread_lines(out: str, header: str, word: int, base: int) -> Iterator[tuple
             yield thread, line, stripped, False
 
 
-def parse_pyspy(out: str, stacks: Stacks) -> None:
+def parse_pyspy(out: str, stacks: "Stacks") -> None:
     """`py-spy dump --locals` into STACKS: thread names, Python frames with importlib's module name,
     native frames (with --native) as 'function from library'."""
     frames: list[StackFrame] = []
@@ -474,7 +474,7 @@ def parse_pyspy(out: str, stacks: Stacks) -> None:
 
 
 # -- pystack -----------------------------------------------------------------------------------------
-def _pystack(stacks: Stacks, pystack: str, pid: int, native: bool) -> None:
+def _pystack(stacks: "Stacks", pystack: str, pid: int, native: bool) -> None:
     # --no-block reads the memory without stopping the process; pystack reads native frames only
     # while it holds the process stopped, so those are asked for only where it may be stopped.
     command = [pystack, "remote", str(pid), "--locals", "--no-color"]
@@ -484,7 +484,7 @@ def _pystack(stacks: Stacks, pystack: str, pid: int, native: bool) -> None:
         _take_python(stacks, "pystack", parse_pystack, *done)
 
 
-def parse_pystack(out: str, stacks: Stacks) -> None:
+def parse_pystack(out: str, stacks: "Stacks") -> None:
     """`pystack remote --locals [--native]` into STACKS: Python frames with importlib's module name and
     native frames (with --native) as 'function from library', innermost first as the others give them.
 

@@ -7,8 +7,6 @@ and its arguments (task/TID/syscall, mem) need ptrace permission. Each reader re
 cannot see.
 """
 
-from __future__ import annotations
-
 import os
 import socket
 import struct
@@ -59,14 +57,14 @@ _F_SETLKW = (7, 38)  # F_SETLKW, F_OFD_SETLKW: waits for a record lock
 
 
 # -- the syscall ------------------------------------------------------------------------------------
-def _read_string(pid: int, address: int) -> str | None:
+def _read_string(pid: int, address: int) -> "str | None":
     data = read_memory(pid, address, 4096)
     if not data:
         return None
     return data.partition(b"\0")[0].decode("utf-8", "backslashreplace")
 
 
-def waits_on(pid: int, sample: ThreadSample) -> str | None:
+def waits_on(pid: int, sample: "ThreadSample") -> "str | None":
     """What the thread's blocked syscall waits for, in words; None when it cannot be seen."""
     call = sample.syscall
     if call is None:
@@ -109,7 +107,7 @@ def waits_on(pid: int, sample: ThreadSample) -> str | None:
 ALONE = "with no other thread in this process to wake it: a lock or a pool inherited across fork()"
 
 
-def _waits_on_without_syscall(pid: int, sample: ThreadSample) -> str | None:
+def _waits_on_without_syscall(pid: int, sample: "ThreadSample") -> "str | None":
     """Without ptrace permission: what the wait channel and /proc/locks still tell."""
     if "lock" in sample.wchan:
         waited = locks_waited(pid)
@@ -118,7 +116,7 @@ def _waits_on_without_syscall(pid: int, sample: ThreadSample) -> str | None:
     return None
 
 
-def _poll_fds(pid: int, address: int, count: int) -> list[int]:
+def _poll_fds(pid: int, address: int, count: int) -> "list[int]":
     if not 0 < count <= 64:
         return []
     data = read_memory(pid, address, 8 * count)  # struct pollfd: int fd; short events, revents
@@ -138,7 +136,7 @@ def _children(pid: int) -> str:
 
 
 # -- descriptors -------------------------------------------------------------------------------------
-def fd_target(pid: int, fd: int) -> str | None:
+def fd_target(pid: int, fd: int) -> "str | None":
     try:
         return os.readlink(f"/proc/{pid}/fd/{fd}")
     except OSError:
@@ -219,12 +217,12 @@ def pipe_peers(pid: int, target: str, limit: int = 4) -> str:
 
 
 # -- file locks -------------------------------------------------------------------------------------
-def _locks() -> list[list[str]]:
+def _locks() -> "list[list[str]]":
     data = _read("/proc/locks", 1 << 20) or b""
     return [line.split() for line in data.decode("ascii", "replace").splitlines()]
 
 
-def _lock_parts(fields: list[str]) -> tuple[bool, str, str, int] | None:
+def _lock_parts(fields: "list[str]") -> "tuple[bool, str, str, int] | None":
     """(blocked, kind, dev:inode, pid) of one /proc/locks line."""
     blocked = len(fields) > 1 and fields[1] == "->"
     rest = fields[2:] if blocked else fields[1:]
@@ -233,7 +231,7 @@ def _lock_parts(fields: list[str]) -> tuple[bool, str, str, int] | None:
     return blocked, rest[0], rest[4], int(rest[3])
 
 
-def _file_key(pid: int, fd: int) -> str | None:
+def _file_key(pid: int, fd: int) -> "str | None":
     try:
         info = os.stat(f"/proc/{pid}/fd/{fd}")
     except OSError:
@@ -253,7 +251,7 @@ def lock_holder(pid: int, fd: int) -> str:
     return ""
 
 
-def locks_waited(pid: int) -> str | None:
+def locks_waited(pid: int) -> "str | None":
     """The file PID is blocked on in /proc/locks (a waiting flock or F_SETLKW), with its holder."""
     lines = [p for p in map(_lock_parts, _locks()) if p]
     for blocked, kind, key, owner in lines:
@@ -265,7 +263,7 @@ def locks_waited(pid: int) -> str | None:
     return None
 
 
-def _path_of_key(pid: int, key: str) -> str | None:
+def _path_of_key(pid: int, key: str) -> "str | None":
     try:
         fds = os.listdir(f"/proc/{pid}/fd")
     except OSError:
@@ -276,7 +274,7 @@ def _path_of_key(pid: int, key: str) -> str | None:
     return None
 
 
-def stdin_terminal(pid: int) -> str | None:
+def stdin_terminal(pid: int) -> "str | None":
     """The terminal on PID's stdin, if it reads one."""
     target = fd_target(pid, 0)
     if target and (target.startswith(("/dev/pts/", "/dev/tty")) or target == "/dev/console"):

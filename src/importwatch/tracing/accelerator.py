@@ -5,8 +5,6 @@ Decided once, at the first import of the tracing modules, for all of them: the h
 read of a sink only when the sink counts its changes (a _speedups.Counted).
 """
 
-from __future__ import annotations
-
 import os
 
 TYPE_CHECKING = False
@@ -17,7 +15,7 @@ if TYPE_CHECKING:
 PURE_ENV = "IMPORTWATCH_PURE"
 
 
-def _accelerator() -> tuple[ModuleType | None, str]:
+def _accelerator() -> "tuple[ModuleType | None, str]":
     """The C module when built and not refused by IMPORTWATCH_PURE, and which hot path that makes, in
     words (--version and doctor say it)."""
     if os.environ.get(PURE_ENV, "") not in ("", "0"):

@@ -1,8 +1,6 @@
 """What a log starts with: the process, the interpreter, the environment that matters for hangs;
 its secrets masked by the one rule in masking.py."""
 
-from __future__ import annotations
-
 import os
 import sys
 
@@ -39,7 +37,7 @@ VARIABLES = (
 PREFIXES = ("NCCL_", "TORCH_", "CUDA_", "GLOO_", "TORCHELASTIC_")
 
 
-def relevant_environment(environ: dict[str, str] | os._Environ[str] = os.environ) -> dict[str, str]:
+def relevant_environment(environ: "dict[str, str] | os._Environ[str]" = os.environ) -> "dict[str, str]":
     """The variables that matter for hangs, those that are set, in a stable order, secrets masked."""
     found = {name: environ[name] for name in VARIABLES if name in environ}
     for name in sorted(environ):
@@ -48,7 +46,7 @@ def relevant_environment(environ: dict[str, str] | os._Environ[str] = os.environ
     return mask_environment(found)
 
 
-def write_banner(sink: Sink, argv: list[str]) -> None:
+def write_banner(sink: "Sink", argv: "list[str]") -> None:
     """The first lines of a traced process: who it is, and what it was given (secrets masked)."""
     argv = mask_argv(argv)
     try:
@@ -67,7 +65,7 @@ def write_banner(sink: Sink, argv: list[str]) -> None:
     sink.event(ENV, {"env": relevant_environment()})
 
 
-def torch_loaded(sink: Sink, torch: Any) -> None:
+def torch_loaded(sink: "Sink", torch: "Any") -> None:
     """Once torch has imported: its version and the CUDA (or HIP) it was built for, without touching CUDA."""
     version = getattr(torch, "__version__", None)
     built = getattr(torch, "version", None)
@@ -81,7 +79,7 @@ def torch_loaded(sink: Sink, torch: Any) -> None:
     sink.event(TORCH, fields)
 
 
-def torch_before(sink: Sink, cuda: Any, facts: TorchFacts | None, driver: str | None) -> None:
+def torch_before(sink: "Sink", cuda: "Any", facts: "TorchFacts | None", driver: "str | None") -> None:
     """Before torch starts importing: what its files say, so a hang inside `import torch` has it logged.
 
     CUDA is importwatch.facts.cuda, which the native loads import when first needed (NativeLoads.fact).

@@ -13,8 +13,6 @@ it; so at its top it imports only what start-up has imported already, and the
 rest through import_own too (a line of ours must not appear in the program's log).
 """
 
-from __future__ import annotations
-
 import _thread
 import os
 import sys
@@ -44,7 +42,7 @@ _MARK = "__importwatch_original__"  # set on our wrappers: the function they rep
 class BlockingSteps:
     """Puts the wrappers in place when torch's modules arrive, and takes them out again."""
 
-    def __init__(self, tracer: Tracer) -> None:
+    def __init__(self, tracer: "Tracer") -> None:
         self.tracer = tracer
         self.sink = tracer.sink
         self._socket: Any = None
@@ -64,7 +62,7 @@ class BlockingSteps:
             if module is not None:
                 self.tracer.safely(wrap, module)
 
-    def arrive(self, name: str, module: Any) -> None:
+    def arrive(self, name: str, module: "Any") -> None:
         """Module NAME, one of the targets, has just been imported: wrap its steps (Session calls this)."""
         self._targets[name](module)
 
@@ -75,8 +73,13 @@ class BlockingSteps:
         self._wrapped.clear()
 
     def _replace(
-        self, module: Any, attribute: str, enter: Callable, original: Callable, leave: Callable | None = None
-    ) -> Callable:
+        self,
+        module: "Any",
+        attribute: str,
+        enter: "Callable",
+        original: "Callable",
+        leave: "Callable | None" = None,
+    ) -> "Callable":
         """MODULE.ATTRIBUTE, ORIGINAL, made a door (hook.door) with ENTER before it: what ENTER returns
         (begin's token, or None to call ORIGINAL as is) is ended by LEAVE (end_step) after ORIGINAL. With
         the C accelerator no frame of ours is below ORIGINAL: the traceback of a CUDA initialisation that
@@ -89,13 +92,13 @@ class BlockingSteps:
 
     # -- one step ---------------------------------------------------------
     def begin(
-        self, name: str, detail: str, problems: list[str], context: Callable[[], list[str]] | None
+        self, name: str, detail: str, problems: "list[str]", context: "Callable[[], list[str]] | None"
     ) -> tuple:
         """The step NAME begun: its start line, then PROBLEMS as verdicts; what tracer.end_step needs."""
         return self.tracer.begin_step(f"step {name}", {"name": name, "detail": detail}, context, problems)
 
     # -- multiprocessing's terminate and kill -------------------------------------------
-    def _wrap_popen_fork(self, module: Any) -> None:
+    def _wrap_popen_fork(self, module: "Any") -> None:
         """A line when the program signals a multiprocessing child (Pool.terminate, Process.kill).
 
         The child dies without a word (SIGTERM's default): without this line its
@@ -110,19 +113,19 @@ class BlockingSteps:
         safely = self.tracer.safely
         signal_name = self.tracer.import_own("importwatch.signame").signal_name
 
-        def note(sent: tuple[int, int]) -> None:
+        def note(sent: "tuple[int, int]") -> None:
             # A number the signal module does not name stays one word: report reads the line back.
             pid, name = sent[0], signal_name(sent[1], unknown="{}")
             sink.event(SIGNAL, {"signal": name, "child": pid, "via": "multiprocessing"})
 
-        def _send_signal(self: Any, sig: int) -> None:
+        def _send_signal(self: "Any", sig: int) -> None:
             if self.returncode is None:  # as the original: a child already reaped is not signalled
                 safely(note, (self.pid, sig))
 
         self._replace(popen, "_send_signal", _send_signal, original)
 
     # -- torch.distributed.init_process_group ---------------------------------------
-    def _wrap_distributed(self, c10d: Any) -> None:
+    def _wrap_distributed(self, c10d: "Any") -> None:
         original = getattr(c10d, "init_process_group", None)
         if original is None or hasattr(original, _MARK):
             return
@@ -132,7 +135,7 @@ class BlockingSteps:
         names = _parameters(original)
         steps = self
 
-        def init_process_group(*args: Any, **kwargs: Any) -> Any:
+        def init_process_group(*args: "Any", **kwargs: "Any") -> "Any":
             call = _bind(names, args, kwargs)
             rendezvous = Rendezvous(
                 os.environ,
@@ -161,14 +164,14 @@ class BlockingSteps:
             self._wrapped.append((package, "init_process_group", original))
 
     # -- the first CUDA initialisation ------------------------------------------------
-    def _wrap_cuda(self, cuda: Any) -> None:
+    def _wrap_cuda(self, cuda: "Any") -> None:
         original = getattr(cuda, "_lazy_init", None)
         if original is None or hasattr(original, _MARK):
             return
         steps = self
         end_step = self.tracer.end_step
 
-        def _lazy_init() -> Any:
+        def _lazy_init() -> "Any":
             # Called before most CUDA calls: once CUDA is up (or while it comes up), go straight through.
             if getattr(cuda, "_initialized", False) or hasattr(
                 getattr(cuda, "_tls", None), "is_initializing"
@@ -182,7 +185,7 @@ class BlockingSteps:
             detail = "(first CUDA initialisation) " + (shown or "CUDA_VISIBLE_DEVICES not set")
             return steps.begin("torch.cuda._lazy_init", detail, [], _cuda_context)
 
-        def ended(token: tuple, error: BaseException | None) -> None:
+        def ended(token: tuple, error: "BaseException | None") -> None:
             end_step(token, error)
             ours = getattr(getattr(cuda, "_lazy_init", None), _MARK, None) is original
             if ours and getattr(cuda, "_initialized", False):
@@ -191,18 +194,18 @@ class BlockingSteps:
         self._replace(cuda, "_lazy_init", _lazy_init, original, ended)
 
     # -- torch.utils.cpp_extension.load ----------------------------------------------------
-    def _wrap_cpp_extension(self, module: Any) -> None:
+    def _wrap_cpp_extension(self, module: "Any") -> None:
         for attribute in ("load", "load_inline"):
             original = getattr(module, attribute, None)
             if original is not None and not hasattr(original, _MARK):
                 self._replace(module, attribute, self._build_enter(module, attribute, original), original)
 
-    def _build_enter(self, module: Any, attribute: str, original: Callable) -> Callable:
+    def _build_enter(self, module: "Any", attribute: str, original: "Callable") -> "Callable":
         names = _parameters(original)
         steps = self
         step = f"torch.utils.cpp_extension.{attribute}"
 
-        def build(*args: Any, **kwargs: Any) -> Any:
+        def build(*args: "Any", **kwargs: "Any") -> "Any":
             call = _bind(names, args, kwargs)
             name = call.get("name")
             directory = call.get("build_directory") or _default_build_directory(module, name)
@@ -228,8 +231,8 @@ class Rendezvous:
 
     def __init__(
         self,
-        environ: dict[str, str] | os._Environ[str],
-        init_method: str | None = None,
+        environ: "dict[str, str] | os._Environ[str]",
+        init_method: "str | None" = None,
         rank: int = -1,
         world_size: int = -1,
         store: bool = False,
@@ -257,7 +260,7 @@ class Rendezvous:
         self.world_size = self._pick(world_size, "WORLD_SIZE", numbers["WORLD_SIZE"], "world_size")
         self._check(numbers["LOCAL_RANK"])
 
-    def _number(self, name: str) -> int | None:
+    def _number(self, name: str) -> "int | None":
         text = self.values.get(name)
         if text is None:
             return None
@@ -271,7 +274,7 @@ class Rendezvous:
             return None
         return value
 
-    def _pick(self, given: int, variable: str, from_env: int | None, argument: str) -> int | None:
+    def _pick(self, given: int, variable: str, from_env: "int | None", argument: str) -> "int | None":
         """The value torch will use: the argument if given, else (env://) the variable."""
         if given >= 0:
             if from_env is not None and from_env != given and self.uses_env:
@@ -285,7 +288,7 @@ class Rendezvous:
             self.problems.append(f"{variable} is not set and no {argument}= was passed")
         return from_env
 
-    def _check(self, local_rank: int | None) -> None:
+    def _check(self, local_rank: "int | None") -> None:
         rank, size = self.rank, self.world_size
         if size is not None and size < 1:
             self.problems.append(f"the world size is {size}: it must be at least 1")
@@ -305,7 +308,7 @@ class Rendezvous:
         """The start line's details: how it meets its peers, who it is, and the variables."""
         return f"init_method={self.method} rank={self.rank} world_size={self.world_size} {self.variables()}"
 
-    def context(self, socket: Any) -> list[str]:
+    def context(self, socket: "Any") -> "list[str]":
         """For a stall report (the heartbeat thread): who waits for whom, and does the address answer."""
         who = f"rank {self.rank}" if self.rank is not None else "this process"
         size = f" of {self.world_size}" if self.world_size is not None else ""
@@ -319,7 +322,7 @@ class Rendezvous:
         lines.extend(self.problems)
         return lines
 
-    def probe(self, socket: Any) -> str:
+    def probe(self, socket: "Any") -> str:
         """Does the address resolve, does the port answer; bounded to about 1.5 s, once per report."""
         if self._lookup is None:
             self._lookup = _Lookup(socket, self.host or "", self.port or 0)
@@ -349,7 +352,7 @@ class Rendezvous:
 class _Lookup:
     """getaddrinfo in a thread of its own: it takes no timeout, and a stall report must not hang on DNS."""
 
-    def __init__(self, socket: Any, host: str, port: int) -> None:
+    def __init__(self, socket: "Any", host: str, port: int) -> None:
         self.result: tuple[int, tuple] | str = "not resolved"
         self._done = _thread.allocate_lock()
         self._done.acquire()
@@ -357,7 +360,7 @@ class _Lookup:
         name = host.encode("ascii", "replace")
         threads.start(self._resolve, (socket, name, port))  # every signal blocked: the program's
 
-    def _resolve(self, socket: Any, host: bytes, port: int) -> None:
+    def _resolve(self, socket: "Any", host: bytes, port: int) -> None:
         try:
             found = socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM)
             self.result = (found[0][0], found[0][4])
@@ -373,7 +376,7 @@ class _Lookup:
         return False
 
 
-def _cuda_context() -> list[str]:
+def _cuda_context() -> "list[str]":
     return [
         "torch.cuda._lazy_init: the first CUDA call loads the driver and sets up every visible GPU;"
         " if this process uses CPU it is busy, not stuck (the driver may be compiling PTX for this GPU)",
@@ -381,7 +384,7 @@ def _cuda_context() -> list[str]:
     ]
 
 
-def lock_context(lock: str) -> list[str]:
+def lock_context(lock: str) -> "list[str]":
     """A stall report's words on a build's lock file, as it is now."""
     age = file_age(lock)
     if age is None:
@@ -392,7 +395,7 @@ def lock_context(lock: str) -> list[str]:
     ]
 
 
-def file_age(path: str) -> float | None:
+def file_age(path: str) -> "float | None":
     """Seconds since PATH was last modified, or None when it does not exist."""
     try:
         return max(0.0, CLOCKS.wall() - os.stat(path).st_mtime)
@@ -411,7 +414,7 @@ def format_age(seconds: float, digits: int = 0) -> str:
     return f"{seconds / 86400:.1f} days"
 
 
-def _default_build_directory(module: Any, name: Any) -> str | None:
+def _default_build_directory(module: "Any", name: "Any") -> "str | None":
     """Where torch will build NAME when no build_directory is given (its own private helper)."""
     finder = getattr(module, "_get_build_directory", None)
     if finder is None or not isinstance(name, str):
@@ -422,7 +425,7 @@ def _default_build_directory(module: Any, name: Any) -> str | None:
         return None
 
 
-def _parameters(function: Callable) -> tuple[str, ...]:
+def _parameters(function: "Callable") -> "tuple[str, ...]":
     """The names of FUNCTION's positional parameters, looking through decorators."""
     while hasattr(function, "__wrapped__"):
         function = function.__wrapped__
@@ -430,20 +433,20 @@ def _parameters(function: Callable) -> tuple[str, ...]:
     return code.co_varnames[: code.co_argcount] if code is not None else ()
 
 
-def _bind(names: tuple[str, ...], args: tuple, kwargs: dict) -> dict[str, Any]:
+def _bind(names: "tuple[str, ...]", args: tuple, kwargs: dict) -> "dict[str, Any]":
     call = dict(zip(names, args))
     call.update(kwargs)
     return call
 
 
-def _as_int(value: Any) -> int:
+def _as_int(value: "Any") -> int:
     try:
         return int(value)
     except (TypeError, ValueError):
         return -1
 
 
-def _host_port(text: str) -> tuple[str | None, int | None]:
+def _host_port(text: str) -> "tuple[str | None, int | None]":
     """`host:port` or `[v6]:port`."""
     host, _, port = text.rpartition(":")
     host = host.strip("[]") or None

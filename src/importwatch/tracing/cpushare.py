@@ -3,8 +3,8 @@
 Runs in the heartbeat thread (see watchdog.py); reads /proc/self only.
 """
 
-# No `from __future__ import annotations`: run from memory at a stall (tracing/standby.py), this module
-# may import nothing that start-up holds back from the program, __future__ included.
+# Run from memory at a stall (tracing/standby.py), this module may import nothing that start-up holds back
+# from the program (tracing/handback.py).
 import _thread
 import os
 import time

@@ -6,8 +6,6 @@ one is moved just below fd 1024, and its identity (device, inode) is kept to tel
 when it matters, whether the number is still ours; we close one only while it is.
 """
 
-from __future__ import annotations
-
 import errno
 import os
 
@@ -43,7 +41,7 @@ def high_descriptor(fd: int) -> int:
     return fd
 
 
-def identity(fd: int) -> tuple[int, int] | None:
+def identity(fd: int) -> "tuple[int, int] | None":
     """What descriptor FD refers to (device and inode), or None when it is closed."""
     try:
         stat = os.fstat(fd)
@@ -52,7 +50,7 @@ def identity(fd: int) -> tuple[int, int] | None:
     return stat.st_dev, stat.st_ino
 
 
-def close_if_ours(fd: int, ident: tuple[int, int] | None) -> None:
+def close_if_ours(fd: int, ident: "tuple[int, int] | None") -> None:
     """Close FD unless the program has put something else at its number (then it is the program's)."""
     if ident is not None and identity(fd) == ident:
         try:

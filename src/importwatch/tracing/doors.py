@@ -20,8 +20,6 @@ an import that does not use it pays nothing:
   itself uses neither).
 """
 
-from __future__ import annotations
-
 import _frozen_importlib as _bootstrap
 import _frozen_importlib_external as _external
 import _thread
@@ -53,12 +51,14 @@ class DoorStep(TracedStep):
 
     __slots__ = ("origin", "owner")
 
-    def __init__(self, name: str, start: float, owner: int | None = None, origin: str | None = None) -> None:
+    def __init__(
+        self, name: str, start: float, owner: "int | None" = None, origin: "str | None" = None
+    ) -> None:
         super().__init__(name, start)
         self.owner = owner  # the thread holding the lock waited for; None for a body being run
         self.origin = origin
 
-    def where(self, ident: int, thread_name: Callable[[int], str]) -> str:
+    def where(self, ident: int, thread_name: "Callable[[int], str]") -> str:
         if self.owner is not None:
             return f"{WAITING} held by {owner_text(self.name, self.owner, thread_name)}"
         if self.origin is not None:
@@ -66,7 +66,7 @@ class DoorStep(TracedStep):
         return super().where(ident, thread_name)
 
 
-def _lock_owner(name: str) -> int | None:
+def _lock_owner(name: str) -> "int | None":
     """The thread other than this one that holds module NAME's lock now, if any."""
     ref = _bootstrap._module_locks.get(name)
     lock = ref() if ref is not None else None
@@ -79,7 +79,7 @@ def _lock_owner(name: str) -> int | None:
 class Doors:
     """Installs and removes the wrappers; each turns what it sees into the tracer's start and end lines."""
 
-    def __init__(self, tracer: Tracer) -> None:
+    def __init__(self, tracer: "Tracer") -> None:
         self.tracer = tracer
         self._saved: list[tuple[Any, str, Any]] = []  # (owner, attribute, original), to put back
         self._loader_classes: set[type] = set()
@@ -106,21 +106,21 @@ class Doors:
         self._saved.clear()
         self._loader_classes.clear()
 
-    def arrivals(self) -> dict[str, Callable[[Any], None]]:
+    def arrivals(self) -> "dict[str, Callable[[Any], None]]":
         """The modules with doors of their own, and what wraps each once it is there (Session connects them)."""
         return {"runpy": self._wrap_runpy, "importlib.util": self._wrap_util, "importlib": self._wrap_reload}
 
-    def _replace(self, owner: Any, attribute: str, replacement: Any) -> None:
+    def _replace(self, owner: "Any", attribute: str, replacement: "Any") -> None:
         self._saved.append((owner, attribute, owner.__dict__[attribute]))
         setattr(owner, attribute, replacement)
 
     # -- one event around a call ---------------------------------------------------------
-    def _door(self, original: Callable, enter: Callable, stacks: dict | None = None) -> Callable:
+    def _door(self, original: "Callable", enter: "Callable", stacks: "dict | None" = None) -> "Callable":
         """ORIGINAL as a door (hook.door): ENTER (returning _begin's token, or None) before it, _end after."""
         enter.__qualname__ = getattr(original, "__qualname__", enter.__qualname__)  # its TypeError's words
         return door(original, as_importlib_frame(enter), self._end, stacks)
 
-    def _begin(self, frame: DoorStep) -> tuple[DoorStep, str | None, int] | None:
+    def _begin(self, frame: "DoorStep") -> "tuple[DoorStep, str | None, int] | None":
         """The event FRAME put in flight and its start line written: what _end needs.
 
         Never for a module of ours (None): Tracer.import_own passes the hook by, but a loader class wrapped
@@ -146,7 +146,7 @@ class Doors:
             raise
         return token
 
-    def _end(self, token: tuple[DoorStep, str | None, int], error: BaseException | None) -> None:
+    def _end(self, token: "tuple[DoorStep, str | None, int]", error: "BaseException | None") -> None:
         """The event of TOKEN (_begin's) ended, by ERROR if not None: popped, its end line written."""
         frame, parent, depth = token
         now = self.tracer.pop(frame)
@@ -156,10 +156,10 @@ class Doors:
         self.tracer.write(IMPORT_END, fields, depth)
 
     # -- waits for a module still initialising ---------------------------------------------
-    def _make_wait(self, original: Callable) -> Callable:
+    def _make_wait(self, original: "Callable") -> "Callable":
         begin, lock_owner, step, clocks = self._begin, _lock_owner, DoorStep, CLOCKS
 
-        def _lock_unlock_module(name: str) -> Any:
+        def _lock_unlock_module(name: str) -> "Any":
             owner = lock_owner(name)
             if owner is None:  # free, or ours (a circular import): no wait
                 return None
@@ -180,7 +180,7 @@ class Doors:
         get_ident = _thread.get_ident
         begin, step, clocks = self._begin, DoorStep, CLOCKS
 
-        def exec_module(loader: Any, module: Any) -> Any:
+        def exec_module(loader: "Any", module: "Any") -> "Any":
             # An import statement's own call: its event is on top (the C Door reads this itself). A
             # plain attribute read is the cheapest test (70 ns a call against 300 for
             # ModuleType.__getattribute__); a lazy module answers it as it runs its body, without
@@ -200,7 +200,7 @@ class Doors:
         except (TypeError, AttributeError):
             pass  # a class that cannot be changed
 
-    def _wrap_util(self, util: Any) -> None:
+    def _wrap_util(self, util: "Any") -> None:
         """importlib.util: the loader classes of the modules it helps make are wrapped (_wrap_exec_module).
 
         spec_from_file_location and module_from_spec (the recipe of plugin systems and
@@ -212,17 +212,21 @@ class Doors:
         wrap_loader = self._wrap_loader
         lazy = getattr(util, "LazyLoader", None)
 
-        def watch(loader: Any) -> None:
+        def watch(loader: "Any") -> None:
             if lazy is not None and isinstance(loader, lazy):
                 loader = getattr(loader, "loader", None)
             if loader is not None:
                 wrap_loader(type(loader))
 
-        def module_from_spec(spec: Any) -> None:
+        def module_from_spec(spec: "Any") -> None:
             watch(getattr(spec, "loader", None))
 
         def spec_from_file_location(
-            name: Any, location: Any = None, *, loader: Any = None, submodule_search_locations: Any = None
+            name: "Any",
+            location: "Any" = None,
+            *,
+            loader: "Any" = None,
+            submodule_search_locations: "Any" = None,
         ) -> None:
             # Before the spec is made: the loader given, else each file loader it may choose by the
             # location's suffix. The door has no event of its own, so the spec comes straight from importlib.
@@ -241,14 +245,14 @@ class Doors:
         original_lazy = vars(lazy).get("exec_module") if lazy is not None else None
         if original_lazy is not None and not getattr(original_lazy, "_importwatch", False):
 
-            def exec_module(loader: Any, module: Any) -> None:
+            def exec_module(loader: "Any", module: "Any") -> None:
                 wrap_loader(type(getattr(loader, "loader", None)))
 
             traced = self._door(original_lazy, exec_module)
             traced._importwatch = True  # type: ignore[attr-defined]
             self._replace(lazy, "exec_module", traced)
 
-    def _wrap_function(self, owner: Any, name: str, enter: Callable) -> None:
+    def _wrap_function(self, owner: "Any", name: str, enter: "Callable") -> None:
         """Replace OWNER.NAME, once, by a door (_door) with ENTER before it."""
         original = owner.__dict__.get(name)
         if original is None or getattr(original, "_importwatch", False):
@@ -257,11 +261,11 @@ class Doors:
         traced._importwatch = True  # type: ignore[attr-defined]
         self._replace(owner, name, traced)
 
-    def _wrap_reload(self, importlib: Any) -> None:
+    def _wrap_reload(self, importlib: "Any") -> None:
         """importlib.reload runs a module's body again: an event named by the module."""
         begin, step, clocks = self._begin, DoorStep, CLOCKS
 
-        def reload(module: Any) -> Any:
+        def reload(module: "Any") -> "Any":
             name = getattr(module, "__name__", None)
             if not isinstance(name, str):
                 return None  # not a module: reload's own error, untouched
@@ -277,18 +281,18 @@ class Doors:
                 self._wrap_exec_module(klass)
                 return
 
-    def _wrap_runpy(self, runpy: Any) -> None:
+    def _wrap_runpy(self, runpy: "Any") -> None:
         """runpy.run_path and run_module (not python -m's own path): the code they run is an event."""
         begin, step, clocks = self._begin, DoorStep, CLOCKS
 
-        def run_path(path_name: Any, init_globals: Any = None, run_name: Any = None) -> Any:
+        def run_path(path_name: "Any", init_globals: "Any" = None, run_name: "Any" = None) -> "Any":
             name = run_name if isinstance(run_name, str) else "<run_path>"
             origin = path_name if isinstance(path_name, str) else repr(path_name)
             return begin(step(name, clocks.monotonic(), origin=origin))
 
         def run_module(
-            mod_name: Any, init_globals: Any = None, run_name: Any = None, alter_sys: Any = False
-        ) -> Any:
+            mod_name: "Any", init_globals: "Any" = None, run_name: "Any" = None, alter_sys: "Any" = False
+        ) -> "Any":
             return begin(step(str(mod_name), clocks.monotonic()))
 
         self._wrap_function(runpy, "run_path", run_path)

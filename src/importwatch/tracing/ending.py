@@ -5,8 +5,6 @@ Loaded (without a line) when the watchdog starts with --exit-on-stall: nothing m
 while the program is stalled, perhaps inside the import system.
 """
 
-from __future__ import annotations
-
 import _thread
 import os
 import sys
@@ -23,7 +21,7 @@ if TYPE_CHECKING:
 _FLUSH_WAIT = 0.5
 
 
-def end_job(sink: Sink, began_ago: float) -> None:
+def end_job(sink: "Sink", began_ago: float) -> None:
     """End this process with status 1: the program's stdout written out, then the processes the stalled
     step started (it began BEGAN_AGO seconds ago) and their descendants ended, then the EXIT line."""
     # The output first: once its child is gone, the stalled thread could run on meanwhile.

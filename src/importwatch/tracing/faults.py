@@ -19,8 +19,6 @@ where it asked, not to our log; when it disables it, ours stays on (is_enabled()
 reads False).
 """
 
-from __future__ import annotations
-
 import _thread
 import faulthandler
 import sys
@@ -48,7 +46,7 @@ class _Request:
         self.file, self.exit, self.ours = file, exit, ours
 
 
-def _no_event(*args: Any, **kwargs: Any) -> None:
+def _no_event(*args: "Any", **kwargs: "Any") -> None:
     """A door's enter that starts nothing: what it stands in for is just called."""
 
 
@@ -84,7 +82,7 @@ class SharedFaulthandler:
         for name in _NAMES:
             setattr(faulthandler, name, self._stand_in(name))
 
-    def _stand_in(self, name: str) -> Callable:
+    def _stand_in(self, name: str) -> "Callable":
         if name == "is_enabled":  # the program's setting, not the builtin's answer
 
             def is_enabled() -> bool:
@@ -211,20 +209,20 @@ class SharedFaulthandler:
     # Each door's enter takes our lock and returns what its leave needs; the builtin runs between them
     # (it checks the arguments and raises as it would without us), and its leave records what the
     # program set, then lets the lock go: called whether the builtin returned or raised.
-    def _take_lock(self, *args: Any, **kwargs: Any) -> bool:
+    def _take_lock(self, *args: "Any", **kwargs: "Any") -> bool:
         """The enter of enable, disable and the cancel, whose leave needs nothing more (arguments the
         builtin refuses end in its error, and their leave changes nothing)."""
         self._lock.acquire()
         return True
 
-    def _leave_enable(self, token: bool, error: BaseException | None) -> None:
+    def _leave_enable(self, token: bool, error: "BaseException | None") -> None:
         try:
             if error is None:
                 self.program_enabled = True
         finally:
             self._lock.release()
 
-    def _leave_disable(self, token: bool, error: BaseException | None) -> None:
+    def _leave_disable(self, token: bool, error: "BaseException | None") -> None:
         try:
             if error is None:
                 self.program_enabled = False
@@ -236,7 +234,7 @@ class SharedFaulthandler:
         finally:
             self._lock.release()
 
-    def _enter_dump_traceback_later(self, *args: Any, **kwargs: Any) -> tuple:
+    def _enter_dump_traceback_later(self, *args: "Any", **kwargs: "Any") -> tuple:
         try:
             asked = _bind(*args, **kwargs)
         except TypeError:
@@ -244,7 +242,7 @@ class SharedFaulthandler:
         self._lock.acquire()
         return CLOCKS.monotonic(), asked
 
-    def _leave_dump_traceback_later(self, token: tuple, error: BaseException | None) -> None:
+    def _leave_dump_traceback_later(self, token: tuple, error: "BaseException | None") -> None:
         now, asked = token
         try:
             if error is None and asked is not None:  # the builtin armed the timer for the program
@@ -260,7 +258,7 @@ class SharedFaulthandler:
         finally:
             self._lock.release()
 
-    def _leave_cancel_dump_traceback_later(self, token: bool, error: BaseException | None) -> None:
+    def _leave_cancel_dump_traceback_later(self, token: bool, error: "BaseException | None") -> None:
         # The builtin cancelled whatever was armed, ours too: our deadline, if any, is armed again (not in
         # a fork child that inherited the program's timer, whose own cancel waits as under plain python).
         try:

@@ -5,8 +5,6 @@ thread held at the fork stays held in the child for ever, and the child can no
 longer learn that thread's name: both are noted just before the fork.
 """
 
-from __future__ import annotations
-
 import _frozen_importlib as _bootstrap
 import _thread
 import os
@@ -56,7 +54,7 @@ def forgotten_in_parent() -> None:
     FORK.held = {}  # the parent's locks live on with their threads: nothing to keep
 
 
-def lost_in_fork(module: str, owner: int) -> str | None:
+def lost_in_fork(module: str, owner: int) -> "str | None":
     """When module MODULE's lock, held by OWNER, was inherited held through a fork: the holder's name."""
     record = FORK.held.get(module)
     if record is None or FORK.parent == os.getpid():
@@ -68,7 +66,7 @@ def lost_in_fork(module: str, owner: int) -> str | None:
     return name
 
 
-def owner_text(module: str, owner: int, thread_name: Callable[[int], str]) -> str:
+def owner_text(module: str, owner: int, thread_name: "Callable[[int], str]") -> str:
     """The holder of MODULE's lock, by name; one lost in a fork says so."""
     lost = lost_in_fork(module, owner)
     if lost is not None:

@@ -3,8 +3,8 @@
 A traced program must find in sys.modules at its first line what it finds under
 plain python (plus importwatch's own), and its own first import of, say, errno
 must be an import in its log, placed where it makes it. Our start-up still needs
-a few modules plain ``python -c pass`` does not load (``__future__`` for our
-annotations, errno, types, atexit, faulthandler: see docs/architecture.md). So
+a few modules plain ``python -c pass`` does not load (errno, atexit,
+faulthandler, gc: see docs/architecture.md). So
 once tracing is on they are taken out of sys.modules and kept here; the
 program's first import of one reaches the tracer's hook (it is not in
 sys.modules), which writes its lines as for any import and calls back here
@@ -79,8 +79,8 @@ class Held:
     def lending(self, import_own: object) -> object:
         """IMPORT_OWN (Tracer.import_own), with the held modules in sys.modules while it runs.
 
-        Our own modules imported later (facts/, blocking.py) import __future__ too: that
-        import is ours, not the program's, and must neither write a line nor hand it back.
+        Our own modules imported later (facts/, blocking.py) may import a held one too (errno,
+        gc): that import is ours, not the program's, and must neither write a line nor hand it back.
         """
         held = self.modules
 

@@ -12,8 +12,6 @@ finding, loading which file) is read from importlib's own records when a report
 needs it, which keeps everything but the two events off the hot path.
 """
 
-from __future__ import annotations
-
 import _frozen_importlib as _bootstrap
 import _thread
 import sys
@@ -36,7 +34,7 @@ FINDING = "finding"
 LOADING = "loading"
 
 
-def _codes(phase: str, *functions: Any) -> dict[Any, str]:
+def _codes(phase: str, *functions: "Any") -> "dict[Any, str]":
     return {function.__code__: phase for function in functions if hasattr(function, "__code__")}
 
 
@@ -72,13 +70,13 @@ class TracedStep:
         self.timeout: float | None = None
         self.context: Callable[[], list[str]] | None = None
 
-    def describe(self, now: float, ident: int, thread_name: Callable[[int], str]) -> str:
+    def describe(self, now: float, ident: int, thread_name: "Callable[[int], str]") -> str:
         """NAME (PHASE, AGE) for a report; IDENT is the thread it runs in, named by THREAD_NAME."""
         if self.kind != "import":
             return f"{self.name} ({now - self.start:.1f} s)"
         return f"{self.name} ({self.where(ident, thread_name)}, {now - self.start:.1f} s)"
 
-    def where(self, ident: int, thread_name: Callable[[int], str]) -> str:
+    def where(self, ident: int, thread_name: "Callable[[int], str]") -> str:
         """The import's phase, read when a report needs it rather than tracked on the hot path.
 
         A module is in sys.modules from the moment its loader starts running it.
@@ -110,7 +108,7 @@ def _phase_of_stack(ident: int) -> str:
     return FINDING
 
 
-def lock_owner(ident: int, name: str) -> int | None:
+def lock_owner(ident: int, name: str) -> "int | None":
     """When thread IDENT waits for module NAME's import lock: the thread that holds it (0 if unknown).
 
     importlib notes, per waiting thread, the lock it waits for (up to 3.11) or a
@@ -129,8 +127,8 @@ def lock_owner(ident: int, name: str) -> int | None:
 
 
 def as_importlib_frame(
-    function: Callable, name: str | None = None, stands_for: Any = None, importing: bool = True
-) -> Callable:
+    function: "Callable", name: "str | None" = None, stands_for: "Any" = None, importing: bool = True
+) -> "Callable":
     """The same function, its frames filed under importlib's own file name (where IMPORTING).
 
     CPython strips importlib's frames from the traceback of a failed import
@@ -162,7 +160,7 @@ def as_importlib_frame(
 _BoundMethod = type(as_importlib_frame.__get__(0))  # types.MethodType, without importing types at start-up
 
 
-def look_like(wrapper: Any, original: Any) -> None:
+def look_like(wrapper: "Any", original: "Any") -> None:
     """WRAPPER given ORIGINAL's names, module and docstring, and __wrapped__ (inspect.signature's way
     to the original's signature)."""
     for attribute in ("__module__", "__name__", "__qualname__", "__doc__"):
@@ -173,13 +171,13 @@ def look_like(wrapper: Any, original: Any) -> None:
 
 
 def door(
-    original: Callable,
-    enter: Callable,
-    leave: Callable,
-    stacks: dict | None = None,
+    original: "Callable",
+    enter: "Callable",
+    leave: "Callable",
+    stacks: "dict | None" = None,
     importing: bool = True,
-    binds: bool | None = None,
-) -> Callable:
+    binds: "bool | None" = None,
+) -> "Callable":
     """ORIGINAL, in its place, with ENTER called before it (with its arguments) and LEAVE after it:
     LEAVE(token, error) gets what ENTER returned and the exception that ended ORIGINAL (None if it
     returned); where ENTER returns None, ORIGINAL is just called. The event of a door (doors.py) or a
@@ -200,7 +198,7 @@ def door(
     make = getattr(ACCELERATOR, "door", None)
     if make is None:
 
-        def through(*args: Any, **kwargs: Any) -> Any:
+        def through(*args: "Any", **kwargs: "Any") -> "Any":
             if not binds:
                 args = args[1:]  # what the bound method below passes first
             token = enter(*args, **kwargs)
@@ -226,7 +224,7 @@ def door(
 class Tracer:
     """Keeps the imports in flight per thread and reports their start and end to the sink."""
 
-    def __init__(self, sink: Sink) -> None:
+    def __init__(self, sink: "Sink") -> None:
         self.sink = sink
         self.clock = CLOCKS.monotonic  # our own, out of reach of a patched time module (see sink.Clocks)
         self.stacks: dict[int, list[TracedStep]] = {}
@@ -268,7 +266,7 @@ class Tracer:
         _bootstrap._find_and_load = self._saved
         self._saved = None
 
-    def import_own(self, name: str) -> Any:
+    def import_own(self, name: str) -> "Any":
         """One of importwatch's own modules, imported without a line: it is not the program's import."""
         module = sys.modules.get(name)
         if module is None:
@@ -277,7 +275,7 @@ class Tracer:
         return module
 
     # -- the hot path ------------------------------------------------------------
-    def _make_hook(self, original: Callable) -> Callable:
+    def _make_hook(self, original: "Callable") -> "Callable":
         """ORIGINAL traced: by the C accelerator, which adds no frame below a module body, where it is
         built; else by the closure below, its twin, filed under importlib's name so that a failed
         import's traceback drops it (see as_importlib_frame), which still adds one frame per import."""
@@ -298,7 +296,7 @@ class Tracer:
     # What it uses is bound here once, as cells of the closure (cheaper than attribute or global
     # lookups), and its stack bookkeeping stays inline: each helper call would add its cost to every
     # import, and the try/finally must see the push, the pop and both end lines together.
-    def _make_find_and_load(self, original: Callable) -> Callable:
+    def _make_find_and_load(self, original: "Callable") -> "Callable":
         stacks = self.stacks
         sink = self.sink
         emit = sink.emit
@@ -310,7 +308,7 @@ class Tracer:
         clock = CLOCKS.monotonic
         tracer = self
 
-        def _find_and_load(name: str, import_: Callable) -> Any:
+        def _find_and_load(name: str, import_: "Callable") -> "Any":
             if name in sys.modules:  # importlib.import_module of a loaded module, or a lock wait
                 return original(name, import_)
             shown = name if name.isascii() and name.isprintable() else escape(name)  # once, for both lines
@@ -388,7 +386,7 @@ class Tracer:
         return _find_and_load
 
     # -- steps other than imports ------------------------------------------------
-    def push(self, name: str, kind: str, timeout: float | None = None) -> tuple[TracedStep, int]:
+    def push(self, name: str, kind: str, timeout: "float | None" = None) -> "tuple[TracedStep, int]":
         """Put a native load or a phase in flight on this thread; returns it and its depth.
 
         TIMEOUT is the step's own stall threshold, counted from its start (None: the watchdog's).
@@ -412,7 +410,7 @@ class Tracer:
                 stack.remove(frame)
         return frame, len(stack) - 1
 
-    def thread_stack(self) -> tuple[list[TracedStep], bool]:
+    def thread_stack(self) -> "tuple[list[TracedStep], bool]":
         """This thread's chain in flight, made when it has none; and whether it was made just now.
 
         _find_and_load does the same inline: it is the per-import hot path.
@@ -426,7 +424,7 @@ class Tracer:
         self.sink.check_descriptors()  # see _find_and_load
         return stack, True
 
-    def pop(self, frame: TracedStep) -> float:
+    def pop(self, frame: "TracedStep") -> float:
         """End a step put in flight by push(); returns the time it ended."""
         ident = _thread.get_ident()
         stack = self.stacks.get(ident)
@@ -453,11 +451,11 @@ class Tracer:
 
     # -- helpers -------------------------------------------------------------
 
-    def in_flight(self) -> dict[int, list[TracedStep]]:
+    def in_flight(self) -> "dict[int, list[TracedStep]]":
         """A snapshot of the chains in flight, per thread ident."""
         return {ident: list(stack) for ident, stack in list(self.stacks.items()) if stack}
 
-    def safely(self, function: Callable, argument: Any) -> Any:
+    def safely(self, function: "Callable", argument: "Any") -> "Any":
         """Run one of our own callbacks, and give its answer; a failure of ours is said once and never
         reaches the program (the answer is then None)."""
         try:
@@ -477,9 +475,9 @@ class Tracer:
         self,
         label: str,
         fields: dict,
-        context: Callable[[], list[str]] | None = None,
-        problems: tuple[str, ...] | list[str] = (),
-    ) -> tuple[TracedStep, int, str]:
+        context: "Callable[[], list[str]] | None" = None,
+        problems: "tuple[str, ...] | list[str]" = (),
+    ) -> "tuple[TracedStep, int, str]":
         """A step begun (LABEL on a stall's chain): its start line with FIELDS (name, detail) and PROBLEMS
         as verdicts; returns what end_step needs. Whatever fails from the push on, the step is ended."""
         frame, depth = self.push(label, "step")
@@ -494,7 +492,7 @@ class Tracer:
             raise
         return token
 
-    def end_step(self, token: tuple[TracedStep, int, str], error: BaseException | None) -> None:
+    def end_step(self, token: "tuple[TracedStep, int, str]", error: "BaseException | None") -> None:
         """The step of TOKEN (begin_step's) ended, by ERROR if not None: popped, its end line written."""
         frame, depth, name = token
         now = self.pop(frame)

@@ -6,8 +6,6 @@ end is what names the culprit. The call itself runs through a frame named
 after the file, so faulthandler's dump of the hung thread names it too.
 """
 
-from __future__ import annotations
-
 import _frozen_importlib_external as _external
 import os
 import sys
@@ -31,16 +29,16 @@ if TYPE_CHECKING:
 
 # The facts modules every process's first native load runs (math, _json, _struct are such loads): that load
 # reads their compiled files and runs them with no finder (tracing/standby.py), 0.3 ms quicker than an
-# import of ours there. Neither imports __future__, which start-up holds back from the program. elf.py,
-# which reads the ELF files where the C accelerator is not built, is imported the usual way, lent it.
+# import of ours there. Neither imports anything start-up holds back from the program. elf.py, which
+# reads the ELF files where the C accelerator is not built, is imported the usual way, lent what is held.
 FIRST_FACTS = ("importwatch.facts.libnames", "importwatch.facts.mapped")
 
 
-def _call(function: Callable, *args: Any) -> Any:
+def _call(function: "Callable", *args: "Any") -> "Any":
     return function(*args)
 
 
-def _named_call(path: str, owner: str) -> Callable:
+def _named_call(path: str, owner: str) -> "Callable":
     """_call, its frame shown by faulthandler as `... in dlopen PATH for OWNER`.
 
     A hung dlopen holds the GIL, and then faulthandler's dump is all that can
@@ -54,7 +52,7 @@ def _named_call(path: str, owner: str) -> Callable:
 class NativeLoads:
     """Wraps the places where Python code calls dlopen, and reports each call."""
 
-    def __init__(self, tracer: Tracer, standby: Standby | None = None) -> None:
+    def __init__(self, tracer: "Tracer", standby: "Standby | None" = None) -> None:
         self.tracer = tracer
         self.standby = standby  # runs FIRST_FACTS from their compiled files (see fact)
         self.sink = tracer.sink
@@ -69,7 +67,7 @@ class NativeLoads:
         # A watcher was started: tell it what is mapped before the next load (see _tell_mapped).
         self.tell_mapped = False
 
-    def fact(self, name: str) -> Any:
+    def fact(self, name: str) -> "Any":
         """importwatch.facts.NAME (libnames, elf, cuda, loaded, mapped, dists), imported on the first load that needs it.
 
         Not at start-up, which they would make slower for every traced program, loads or not; and
@@ -89,7 +87,7 @@ class NativeLoads:
             original = self._create_module
             loads = self
 
-            def create_module(loader: Any, spec: Any) -> Any:
+            def create_module(loader: "Any", spec: "Any") -> "Any":
                 return loads.load(original, (loader, spec), spec.origin, spec.name)
 
             # Under create_module's own globals (its frame reads only its closure): see as_importlib_frame.
@@ -100,7 +98,7 @@ class NativeLoads:
         if ctypes is not None:
             self.wrap_ctypes(ctypes)
 
-    def arrivals(self) -> dict[str, Callable[[Any], None]]:
+    def arrivals(self) -> "dict[str, Callable[[Any], None]]":
         """ctypes, wrapped when it arrives if it has not yet (Session connects it)."""
         return {"ctypes": self.wrap_ctypes}
 
@@ -112,14 +110,14 @@ class NativeLoads:
             self._ctypes._dlopen = self._ctypes_dlopen
             self._ctypes = self._ctypes_dlopen = None
 
-    def wrap_ctypes(self, ctypes: Any) -> None:
+    def wrap_ctypes(self, ctypes: "Any") -> None:
         """ctypes.CDLL, PyDLL and cdll.LoadLibrary all call the module's _dlopen."""
         original = getattr(ctypes, "_dlopen", None)
         if original is None or self._ctypes is not None:
             return
         loads = self
 
-        def _dlopen(name: Any, *args: Any) -> Any:
+        def _dlopen(name: "Any", *args: "Any") -> "Any":
             if name is None:  # the main program's own symbols: nothing is loaded
                 return original(name, *args)
             try:
@@ -132,7 +130,7 @@ class NativeLoads:
         self._ctypes, self._ctypes_dlopen = ctypes, original
         ctypes._dlopen = _dlopen
 
-    def load(self, function: Callable, args: tuple, path: str, owner: str) -> Any:
+    def load(self, function: "Callable", args: tuple, path: str, owner: str) -> "Any":
         """Call FUNCTION(*ARGS), which dlopens PATH for OWNER, between a start and an end line.
 
         Before the call, everything a hang report needs is already written: the
@@ -165,7 +163,7 @@ class NativeLoads:
         tracer.write(NATIVE_END, fields, depth)
         return result
 
-    def _announce(self, frame: TracedStep, depth: int, fields: dict[str, Any]) -> bool:
+    def _announce(self, frame: "TracedStep", depth: int, fields: "dict[str, Any]") -> bool:
         """The start line and any verdict, before dlopen; True when the mapped set may grow."""
         path = fields["path"]
         try:
@@ -193,7 +191,7 @@ class NativeLoads:
             self.tracer.internal_error("CUDA verdicts", error)
             return False
 
-    def _dynamic(self, path: str) -> Dynamic | None:
+    def _dynamic(self, path: str) -> "Dynamic | None":
         """What the file at PATH links, or None where it is no readable ELF file: read by the C accelerator
         where it is built (_speedups_elf.h: 10 us, and no module of ours to import), else by elf.py."""
         read = getattr(ACCELERATOR, "read_dynamic", None)
@@ -203,14 +201,14 @@ class NativeLoads:
         return None if info is None else (info.needed, info.rpath, info.runpath, info.soname)
 
     # -- what a load says beyond its start and end -----------------------------------------
-    def torch_facts(self) -> tuple[TorchFacts | None, str | None]:
+    def torch_facts(self) -> "tuple[TorchFacts | None, str | None]":
         """torch and the driver as their files describe them, read once, when first needed."""
         if self._facts is None:
             cuda = self.fact("cuda")
             self._facts = (cuda.find_torch(), cuda.driver_version())
         return self._facts
 
-    def _say_verdicts(self, frame: TracedStep, path: str, dynamic: Dynamic) -> None:
+    def _say_verdicts(self, frame: "TracedStep", path: str, dynamic: "Dynamic") -> None:
         torch, driver = self.torch_facts()
         info = self.fact("elf").DynamicInfo(*dynamic)
         verdicts = self.fact("cuda").native_verdicts(path, info, torch, driver)
@@ -254,16 +252,16 @@ class NativeLoads:
         for path in paths:
             self.sink.feed_line(f"#mapped {path}")
 
-    def mapped_now(self) -> list[str]:
+    def mapped_now(self) -> "list[str]":
         """The shared objects mapped in this process, as of the last look (taken now if none was)."""
         return list(self._mapped().paths)
 
-    def _mapped(self) -> MappedObjects:
+    def _mapped(self) -> "MappedObjects":
         if self._objects is None:
             self._objects = self.fact("mapped").MappedObjects()
         return self._objects
 
-    def _pulled_in(self, rescan: bool, path: str, fields: dict[str, Any]) -> None:
+    def _pulled_in(self, rescan: bool, path: str, fields: "dict[str, Any]") -> None:
         """The shared objects this load mapped besides the file itself, as the end event's `mapped`."""
         try:
             new = self._new_since_last_look(rescan, path)
@@ -273,7 +271,7 @@ class NativeLoads:
         if new:
             fields["mapped"] = new
 
-    def _new_since_last_look(self, rescan: bool, path: str) -> list[str]:
+    def _new_since_last_look(self, rescan: bool, path: str) -> "list[str]":
         """What the loader's list gained, once the program has ctypes; else what the maps gained."""
         loaded = self._loaded
         if loaded:

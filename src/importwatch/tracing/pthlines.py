@@ -8,8 +8,6 @@ wrapped (site looks it up by name for each .pth), and only while a .pth is read 
 `exec` looked up through us: imports outside site pay nothing.
 """
 
-from __future__ import annotations
-
 import os
 import sys
 
@@ -33,12 +31,12 @@ _MARK = "_importwatch_pth"  # on our wrapper: site.addpackage is wrapped already
 _FIRST_LINE = 0 if sys.version_info >= (3, 13) else 1
 
 
-def watch(site: ModuleType, addpackage: Callable[..., Any]) -> None:
+def watch(site: "ModuleType", addpackage: "Callable[..., Any]") -> None:
     """From now on, each .pth file that site's ADDPACKAGE reads runs its import lines as steps."""
     if getattr(site.addpackage, _MARK, False):
         return  # a .pth can run twice
 
-    def addpackage_traced(sitedir: str, name: str, known_paths: Any) -> Any:
+    def addpackage_traced(sitedir: str, name: str, known_paths: "Any") -> "Any":
         if phases._tracer is None or name == OUR_PTH:
             return addpackage(sitedir, name, known_paths)
         path = os.path.join(sitedir, name)
@@ -61,7 +59,7 @@ def watch(site: ModuleType, addpackage: Callable[..., Any]) -> None:
 _MISSING = object()
 
 
-def _context(where: str, source: Any) -> str:
+def _context(where: str, source: "Any") -> str:
     """What a stall report says about a .pth line in flight."""
     code = str(source).strip()
     code = code if len(code) <= 120 else code[:117] + "..."
@@ -71,7 +69,7 @@ def _context(where: str, source: Any) -> str:
     )
 
 
-def _traced_exec(path: str) -> Callable[..., None]:
+def _traced_exec(path: str) -> "Callable[..., None]":
     """What site's `exec(line)` finds for .pth file PATH: the builtin, with each line it runs a step.
 
     With the C accelerator a door (hook.door) over the builtin: nothing of ours is on the stack while
@@ -80,19 +78,19 @@ def _traced_exec(path: str) -> Callable[..., None]:
     gives exec site's globals and locals itself."""
     if getattr(ACCELERATOR, "door", None) is not None:
 
-        def enter(source: Any, *args: Any, **kwargs: Any) -> tuple | None:
+        def enter(source: "Any", *args: "Any", **kwargs: "Any") -> "tuple | None":
             tracer = phases._tracer
             if args or kwargs or tracer is None:
                 return None  # not site's call: the builtin, as it is
             return tracer, _begin(tracer, path, sys._getframe(1), source)
 
-        def leave(token: tuple, error: BaseException | None) -> None:
+        def leave(token: tuple, error: "BaseException | None") -> None:
             tracer, step = token
             tracer.end_step(step, error)
 
         return door(exec, enter, leave)
 
-    def exec_line(source: Any, *args: Any, **kwargs: Any) -> None:
+    def exec_line(source: "Any", *args: "Any", **kwargs: "Any") -> None:
         if args or kwargs:
             exec(source, *args, **kwargs)  # not site's call: as the builtin would
             return
@@ -114,7 +112,7 @@ def _traced_exec(path: str) -> Callable[..., None]:
     return exec_line
 
 
-def _begin(tracer: Tracer, path: str, caller: FrameType, source: Any) -> tuple:
+def _begin(tracer: "Tracer", path: str, caller: "FrameType", source: "Any") -> tuple:
     """The step of the line site runs from PATH (its number read from CALLER, site's addpackage)."""
     number = caller.f_locals.get("n")
     where = f"{path}:{number + _FIRST_LINE}" if isinstance(number, int) else path

@@ -7,8 +7,8 @@ first, and the frames of importlib, runpy, threading and importwatch folded to a
 The terminal gets that short form; a text log gets every frame of every thread.
 """
 
-# No `from __future__ import annotations`: run from memory at a stall (tracing/standby.py), this module
-# may import nothing that start-up holds back from the program, __future__ included.
+# Run from memory at a stall (tracing/standby.py), this module may import nothing that start-up holds back
+# from the program (tracing/handback.py).
 import _thread
 import os
 import sys

@@ -13,8 +13,6 @@ Ring.put does. A reader that falls a whole ring behind loses the oldest bytes an
 knows how many (RingReader.read).
 """
 
-from __future__ import annotations
-
 import _thread
 import os
 
@@ -33,8 +31,8 @@ _LONGEST = 1 << 16
 
 
 def create(
-    speedups: ModuleType | None, import_own: Callable[[str], ModuleType] = __import__
-) -> tuple[int, Ring]:
+    speedups: "ModuleType | None", import_own: "Callable[[str], ModuleType]" = __import__
+) -> "tuple[int, Ring]":
     """A new ring and its memfd (close-on-exec), for the watcher to inherit; OSError when it cannot be made.
 
     Mapped by the C accelerator (SPEEDUPS) when built: `import mmap` would cost the
@@ -100,7 +98,7 @@ class RingReader:
         self.size = size - HEADER
         self.tail = 0  # bytes read so far (or lost)
 
-    def read(self) -> tuple[bytes, int]:
+    def read(self) -> "tuple[bytes, int]":
         """The bytes appended since the last read, and how many bytes before them were lost: overwritten
         before they could be read (the data then starts inside a line)."""
         head = self.heads[0]
@@ -142,7 +140,9 @@ class Feed:
 
     __slots__ = ("closed", "fd", "ident", "ring", "starting", "threads")
 
-    def __init__(self, fd: int, ring: Ring, starting: Callable[[float], int | None] | None = None) -> None:
+    def __init__(
+        self, fd: int, ring: "Ring", starting: "Callable[[float], int | None] | None" = None
+    ) -> None:
         self.fd = high_descriptor(fd)
         self.ident = identity(self.fd)
         self.ring = ring
@@ -158,7 +158,7 @@ class Feed:
             data = data[: _LONGEST - 1] + b"\n"
         self.ring.put(data)
 
-    def announce(self, ident: int, name: str, tid: int | None = None) -> None:
+    def announce(self, ident: int, name: str, tid: "int | None" = None) -> None:
         """Tell the watcher which kernel thread id (TID, this thread's by default) a thread name stands
         for (once per thread)."""
         self.threads.add(ident)

@@ -9,8 +9,6 @@ the program runs in this process instead, through runpy's ways (launch/execute),
 with the limits the README lists.
 """
 
-from __future__ import annotations
-
 import _frozen_importlib as _bootstrap
 import _frozen_importlib_external as _external
 import _imp
@@ -38,12 +36,12 @@ class Target:
 
     __slots__ = ("args", "kind", "value")
 
-    def __init__(self, kind: str, value: str, args: list[str]) -> None:
+    def __init__(self, kind: str, value: str, args: "list[str]") -> None:
         self.kind = kind
         self.value = value
         self.args = args
 
-    def describe(self) -> list[str]:
+    def describe(self) -> "list[str]":
         """The command line python would have been given."""
         if self.kind == "stdin":
             return ["-", *self.args]
@@ -58,7 +56,7 @@ class Launch:
     __slots__ = ("alter_argv", "code", "module", "namespace", "run_module")
 
     def __init__(
-        self, code: types.CodeType | None, namespace: dict, module: str = "", alter_argv: bool = False
+        self, code: "types.CodeType | None", namespace: dict, module: str = "", alter_argv: bool = False
     ):
         self.code = code
         self.namespace = namespace
@@ -71,7 +69,7 @@ class CannotRun(Exception):
     """The target cannot be started (python says `can't open file` and exits 2)."""
 
 
-def check(target: Target) -> None:
+def check(target: "Target") -> None:
     """What python would refuse to start, refused before the exec (CannotRun); reads nothing."""
     if target.kind == "stdin" and sys.stdin is not None and sys.stdin.isatty():
         raise CannotRun("an interactive session from a terminal (-) is not supported; pipe the program in")
@@ -83,7 +81,7 @@ def check(target: Target) -> None:
             raise CannotRun(f"can't open file {path!r}: [Errno {error.errno}] {error.strerror}") from None
 
 
-def prepare(target: Target) -> tuple[types.CodeType | None, str | None]:
+def prepare(target: "Target") -> "tuple[types.CodeType | None, str | None]":
     """Check and compile a script or -c code before tracing starts; returns its code and absolute path.
 
     Directories and zip files with a __main__.py run as python runs them, through
@@ -158,7 +156,7 @@ def take_path0() -> bool:
     return True
 
 
-def _path0(target: Target, path: str | None) -> str | None:
+def _path0(target: "Target", path: "str | None") -> "str | None":
     """What python puts in front of sys.path for this target (None with -P or -I)."""
     if getattr(sys.flags, "safe_path", False) or sys.flags.isolated:
         return None
@@ -173,8 +171,8 @@ def _path0(target: Target, path: str | None) -> str | None:
 
 
 def launch(
-    target: Target, code: types.CodeType | None, path: str | None, path0_taken: bool = False
-) -> Launch:
+    target: "Target", code: "types.CodeType | None", path: "str | None", path0_taken: bool = False
+) -> "Launch":
     """Make sys.argv, sys.path[0] and a fresh __main__ what python makes them; what to run then.
 
     PATH0_TAKEN: the entry `python -m` put first on sys.path was taken off (see take_path0), so the
@@ -218,7 +216,7 @@ def launch(
 _FLAG = {"module": "-m", "code": "-c", "stdin": "-"}
 
 
-def execute(launch: Launch) -> None:
+def execute(launch: "Launch") -> None:
     """Run what launch() prepared, in this process (the fallback: see the module's docstring)."""
     try:
         if launch.code is None:
@@ -260,7 +258,7 @@ def _quiet_excepthook(*_: object) -> None:
 
 
 # -- the exec ----------------------------------------------------------------------------------
-def why_in_process() -> str | None:
+def why_in_process() -> "str | None":
     """Why the exec would run the program untraced (the fallback runs it here), or None."""
     flags = sys.flags
     if flags.ignore_environment:  # -E, -I: the .pth reads IMPORTWATCH from the environment
@@ -291,7 +289,7 @@ _COUNTED_FLAGS = (
 )
 
 
-def interpreter_flags() -> list[str]:
+def interpreter_flags() -> "list[str]":
     """This interpreter's own flags (-B, -O, -W, -X ...), as the command line of another one.
 
     What subprocess._args_from_interpreter_flags() gives, built here: importing subprocess
@@ -349,7 +347,7 @@ def skips_first_line() -> bool:
     return False
 
 
-def _given_warnoptions() -> list[str]:
+def _given_warnoptions() -> "list[str]":
     """sys.warnoptions without the entries that -b, -bb and -X dev add to it (their flags add them again)."""
     options = list(sys.warnoptions)
     added = ["default"] if getattr(sys.flags, "dev_mode", False) else []
@@ -361,7 +359,7 @@ def _given_warnoptions() -> list[str]:
     return options
 
 
-def become_python(target: Target, settings: Settings, warnings: list[str]) -> None:
+def become_python(target: "Target", settings: "Settings", warnings: "list[str]") -> None:
     """Exec `python [flags] TARGET ARGS`, traced with SETTINGS from its start; returns only if the exec fails.
 
     Its environment is ours plus what the runner has always given the program (IMPORTWATCH=1

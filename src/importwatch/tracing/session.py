@@ -3,8 +3,6 @@
 Owns what is installed, and takes it out again.
 """
 
-from __future__ import annotations
-
 import _frozen_importlib as _bootstrap
 import _signal  # not signal: that one imports enum at start-up
 import _thread
@@ -55,7 +53,7 @@ BLOCKING_TARGETS = (
 class Session:
     """Everything one active process has installed, and how to take it out again."""
 
-    def __init__(self, settings: Settings, stderr_fd: int = 2) -> None:
+    def __init__(self, settings: "Settings", stderr_fd: int = 2) -> None:
         self.settings = settings
         self.sink = Sink(stderr_fd)
         self.sink.set_stderr(settings.stderr)
@@ -88,7 +86,7 @@ class Session:
         self._first_hooks: tuple | None = None  # see _await_first_event
         self._log_resolved = ("", "")  # the log path as given, and as resolved (see _log_template)
 
-    def start(self, argv: list[str], warnings: list[str]) -> None:
+    def start(self, argv: "list[str]", warnings: "list[str]") -> None:
         self.sink.follow_partial_lines()
         self._open_log()
         for warning in warnings:
@@ -107,7 +105,7 @@ class Session:
         self._start_watchdog()
         self.held.put_aside()
 
-    def reconfigure(self, settings: Settings) -> None:
+    def reconfigure(self, settings: "Settings") -> None:
         """The runner under IMPORTWATCH=1: its options win over what the .pth read."""
         old, self.settings = self.settings, settings
         self.sink.set_stderr(settings.stderr)
@@ -185,7 +183,7 @@ class Session:
             previous = tracer.on_end.get(name)
             tracer.on_end[name] = wrap if previous is None else _both(tracer, previous, wrap)
 
-    def _blocking_steps(self) -> BlockingSteps:
+    def _blocking_steps(self) -> "BlockingSteps":
         """tracing/blocking.py's wrappers, imported (without a line) and installed at the first need."""
         with self._blocking_lock:
             if self.blocking is None:
@@ -194,8 +192,8 @@ class Session:
                 self.blocking.install()
             return self.blocking
 
-    def _blocking_arrives(self, name: str) -> Callable[[Any], None]:
-        def arrive(module: Any) -> None:
+    def _blocking_arrives(self, name: str) -> "Callable[[Any], None]":
+        def arrive(module: "Any") -> None:
             if self.blocking is None:
                 self._blocking_steps()  # its install wraps each target there, this one included
             else:
@@ -332,16 +330,16 @@ class Session:
         inner = _bootstrap._find_and_load
         sink, tracer, tracing = self.sink, self.tracer, self
 
-        def _find_and_load(name: str, import_: Callable) -> Any:
+        def _find_and_load(name: str, import_: "Callable") -> "Any":
             if name not in sys.modules:
                 tracing._first_event()
             return inner(name, import_)
 
-        def event(*args: Any, **kwargs: Any) -> None:
+        def event(*args: "Any", **kwargs: "Any") -> None:
             tracing._first_event()
             sink.event(*args, **kwargs)
 
-        def push(*args: Any, **kwargs: Any) -> Any:
+        def push(*args: "Any", **kwargs: "Any") -> "Any":
             tracing._first_event()
             return tracer.push(*args, **kwargs)
 
@@ -407,7 +405,7 @@ class Session:
 _TOOL_IDS = (4, 3)
 
 
-def _on_next_line(frame: Any, then: Callable[[], None]) -> None:
+def _on_next_line(frame: "Any", then: "Callable[[], None]") -> None:
     """Call THEN once the first frame up from FRAME that is not ours runs another line (3.12+)."""
     monitoring = getattr(sys, "monitoring", None)
     package = os.path.dirname(os.path.dirname(__file__)) + os.sep  # importwatch's frames, any folder
@@ -436,10 +434,12 @@ def _on_next_line(frame: Any, then: Callable[[], None]) -> None:
     monitoring.set_local_events(tool, code, events)
 
 
-def _both(tracer: Tracer, first: Callable[[Any], None], then: Callable[[Any], None]) -> Callable[[Any], None]:
+def _both(
+    tracer: "Tracer", first: "Callable[[Any], None]", then: "Callable[[Any], None]"
+) -> "Callable[[Any], None]":
     """One arrival callback that runs two, each on its own: a failure of one never skips the other."""
 
-    def both(module: Any) -> None:
+    def both(module: "Any") -> None:
         tracer.safely(first, module)
         tracer.safely(then, module)
 
@@ -456,7 +456,7 @@ def _count_threads() -> int:
         return 0
 
 
-_active: Session | None = None
+_active: "Session | None" = None
 _process_hooks = False
 
 
@@ -484,17 +484,17 @@ def _at_exit() -> None:
             pass  # (a sys.modules the program replaced by no dict): a quicker exit missed, nothing more
 
 
-def active() -> Session | None:
+def active() -> "Session | None":
     """The tracing installed in this process, if any."""
     return _active
 
 
 def activate(
-    settings: Settings | None = None,
-    warnings: list[str] | None = None,
-    argv: list[str] | None = None,
+    settings: "Settings | None" = None,
+    warnings: "list[str] | None" = None,
+    argv: "list[str] | None" = None,
     stderr_fd: int = 2,
-) -> Session:
+) -> "Session":
     """Switch tracing on; a second call keeps what is installed and applies new settings."""
     global _active
     if settings is None:
@@ -532,7 +532,7 @@ def activate_from_env() -> None:
             pass
 
 
-def _command_line() -> list[str]:
+def _command_line() -> "list[str]":
     """This process's whole command line, the interpreter's flags included (3.9 has no sys.orig_argv)."""
     orig_argv = getattr(sys, "orig_argv", None)
     if orig_argv is not None:

@@ -1,8 +1,6 @@
 """The sink: writes each event, rendered by the event model (importwatch.events) as one ASCII line of text or JSON,
 flushed, to stderr, the log file and the watcher's feed (a ring in shared memory)."""
 
-from __future__ import annotations
-
 import _thread
 import errno
 import os
@@ -54,7 +52,7 @@ _STDERR = 2
 _LOUD = frozenset((VERDICT, WARNING, RESUMED, BUSY, EXIT, DIED))
 
 
-def rank_from_env(environ: dict[str, str] | os._Environ[str] = os.environ) -> int | None:
+def rank_from_env(environ: "dict[str, str] | os._Environ[str]" = os.environ) -> "int | None":
     """The process's rank in a distributed job: RANK, else LOCAL_RANK, when set to a number."""
     for name in ("RANK", "LOCAL_RANK"):
         value = environ.get(name, "").strip()
@@ -63,7 +61,7 @@ def rank_from_env(environ: dict[str, str] | os._Environ[str] = os.environ) -> in
     return None
 
 
-def own_stderr(fd: int) -> Channel:
+def own_stderr(fd: int) -> "Channel":
     """Our own copy of the program's stderr FD, placed high and close-on-exec: where our stderr lines go.
 
     Never fd 2 itself: a program that closes fd 2 and opens a file (which then gets number 2),
@@ -107,14 +105,16 @@ class Channel:
 
     __slots__ = ("broken", "fd", "ident", "json", "name")
 
-    def __init__(self, fd: int, name: str, json: bool = False, ident: tuple[int, int] | None = None) -> None:
+    def __init__(
+        self, fd: int, name: str, json: bool = False, ident: "tuple[int, int] | None" = None
+    ) -> None:
         self.fd = fd
         self.name = name
         self.json = json
         self.ident = ident
         self.broken = False
 
-    def write(self, data: bytes) -> OSError | None:
+    def write(self, data: bytes) -> "OSError | None":
         """Write all of DATA; return the error that broke the channel, if one did."""
         if self.broken:
             return None
@@ -175,7 +175,7 @@ class Sink(SINK_BASE):  # type: ignore[misc,valid-type]
         self.after_fork_in_child()
 
     # -- set-up ------------------------------------------------------------
-    def open_log(self, path: str, shown: str | None = None) -> bool:
+    def open_log(self, path: str, shown: "str | None" = None) -> bool:
         """Append to PATH from now on (JSON Lines when it ends in .jsonl); on failure say so once. SHOWN is
         PATH as the user gave it (relative), for what we say.
 
@@ -258,8 +258,8 @@ class Sink(SINK_BASE):  # type: ignore[misc,valid-type]
         self._stderr_write = (stream, write, flush)
 
     def _followers(
-        self, original_write: Callable, original_flush: Callable, through: bool, by_line: bool
-    ) -> tuple[Callable, Callable]:
+        self, original_write: "Callable", original_flush: "Callable", through: bool, by_line: bool
+    ) -> "tuple[Callable, Callable]":
         """The pure-Python twin of the C accelerator's follow: the stream's write and flush, each with the
         note after it (a frame of ours below the stream's own)."""
         sink = self
@@ -323,7 +323,7 @@ class Sink(SINK_BASE):  # type: ignore[misc,valid-type]
         starting = feed is not None and feed.starting is not None
         self.guards = None if starting else tuple((fd, *ident) for fd, ident in live if ident is not None)
 
-    def _log_lost(self, log: Channel) -> None:
+    def _log_lost(self, log: "Channel") -> None:
         if log.broken and log.ident is None:
             return  # said already (the heartbeat and a write may both find it)
         log.broken = True
@@ -335,7 +335,9 @@ class Sink(SINK_BASE):  # type: ignore[misc,valid-type]
         if self.on_log_lost is not None:
             self.on_log_lost()
 
-    def attach_feed(self, fd: int, ring: Ring, starting: Callable[[float], int | None] | None = None) -> None:
+    def attach_feed(
+        self, fd: int, ring: "Ring", starting: "Callable[[float], int | None] | None" = None
+    ) -> None:
         """From now on every text line also goes to the watcher's RING; the pipe FD tells it of the end (see Feed).
 
         STARTING: how the watcher's start in the background went, looked at by watcher_started.
@@ -385,7 +387,7 @@ class Sink(SINK_BASE):  # type: ignore[misc,valid-type]
         self.feed.send((self._prefix + body + "\n").encode("ascii"))
 
     @property
-    def log_path(self) -> str | None:
+    def log_path(self) -> "str | None":
         return self.log.name if self.log is not None else None
 
     def dump_fd(self) -> int:
@@ -426,14 +428,14 @@ class Sink(SINK_BASE):  # type: ignore[misc,valid-type]
         self.main_thread = _thread.get_ident()
         self.set_rank(rank_from_env())
 
-    def set_rank(self, rank: int | None) -> None:
+    def set_rank(self, rank: "int | None") -> None:
         """Lines of a distributed job carry the process's rank after the pid: `[importwatch 4711 r1 ...`."""
         self.rank = rank
         self._head = f"[{PREFIX} {self.pid} " if rank is None else f"[{PREFIX} {self.pid} r{rank} "
         self._msec = -1  # the next line makes its prefix anew
 
     # -- writing -------------------------------------------------------------
-    def event(self, kind: str, fields: dict, depth: int = 0, only: str | None = None) -> None:
+    def event(self, kind: str, fields: dict, depth: int = 0, only: "str | None" = None) -> None:
         """Write one event of KIND (see importwatch.events) with FIELDS, at DEPTH in its thread (nested kinds).
 
         ONLY: "log" for detail the terminal leaves out (the watcher's full stacks), "stderr" for
@@ -444,7 +446,7 @@ class Sink(SINK_BASE):  # type: ignore[misc,valid-type]
             body = escape(body)
         self.emit(kind, body, fields, only)
 
-    def emit(self, kind: str, body: str, fields: dict | None = None, only: str | None = None) -> None:
+    def emit(self, kind: str, body: str, fields: "dict | None" = None, only: "str | None" = None) -> None:
         """event() for a BODY rendered already (events.render) and known to be printable ASCII: the
         import hook's path, which renders its two lines inline.
 
@@ -542,7 +544,7 @@ class Sink(SINK_BASE):  # type: ignore[misc,valid-type]
         if self.feed is not None:
             self.feed.announce(ident, name)
 
-    def own_threads(self) -> list[int]:
+    def own_threads(self) -> "list[int]":
         """The idents of our own threads that named themselves (name_thread)."""
         return list(self._own_threads)
 
@@ -568,7 +570,7 @@ class Sink(SINK_BASE):  # type: ignore[misc,valid-type]
             return f"thread-{_thread.get_native_id()}"
         return f"thread-{ident:#x}"
 
-    def _stderr_again(self, error: OSError | None = None) -> bool:
+    def _stderr_again(self, error: "OSError | None" = None) -> bool:
         """Our copy of stderr was closed under us (a closerange; ERROR, when a write found it): a new copy,
         when fd 2 is still the stderr we started with. Asked when a check or a write failed, never per write."""
         stderr = self.stderr
@@ -584,7 +586,7 @@ class Sink(SINK_BASE):  # type: ignore[misc,valid-type]
         self.guards = None
         return True
 
-    def _write(self, channel: Channel, data: bytes) -> None:
+    def _write(self, channel: "Channel", data: bytes) -> None:
         error = channel.write(data)
         if error is not None and channel is self.stderr and self._stderr_again(error):
             error = channel.write(data)

@@ -5,8 +5,8 @@ tracer's chains, importlib's records of module locks and each thread's innermost
 frame; imports nothing while it runs.
 """
 
-# No `from __future__ import annotations`: run from memory at a stall (tracing/standby.py), this module
-# may import nothing that start-up holds back from the program, __future__ included.
+# Run from memory at a stall (tracing/standby.py), this module may import nothing that start-up holds back
+# from the program (tracing/handback.py).
 import _thread
 import os
 import sys

@@ -19,11 +19,8 @@ usual way at once, as before. Nothing of this writes a line: these imports are o
 
 Nor do they touch sys.modules beyond their own names: they run in the heartbeat while the program
 imports in its own threads, so what start-up holds back from the program (tracing/handback.py) is
-not lent to them, and they import none of it (no `from __future__ import annotations`;
-tests/test_standby.py holds it).
+not lent to them, and they import none of it (tests/test_standby.py holds it).
 """
-
-from __future__ import annotations
 
 import _frozen_importlib as _bootstrap
 import _frozen_importlib_external as _external
@@ -80,7 +77,7 @@ class Standby:
         # a fork ends the heartbeat first, and nothing else here runs long.
         self._lock = _thread.allocate_lock()
 
-    def read(self, names: tuple[str, ...]) -> bool:
+    def read(self, names: "tuple[str, ...]") -> bool:
         """Keep the compiled code of each of our modules NAMES; False (keeping none) unless every one is
         fresh: then the caller imports them now."""
         found = {}
@@ -92,10 +89,10 @@ class Standby:
         self._code.update(found)
         return True
 
-    def serving(self, import_own: Callable[[str], Any]) -> Callable[[str], Any]:
+    def serving(self, import_own: "Callable[[str], Any]") -> "Callable[[str], Any]":
         """IMPORT_OWN (Tracer.import_own), running a module read here from its bytes instead."""
 
-        def import_own_standing_by(name: str) -> Any:
+        def import_own_standing_by(name: str) -> "Any":
             if name in self._code:
                 with self._lock:
                     module = sys.modules.get(name)
@@ -107,7 +104,7 @@ class Standby:
         return import_own_standing_by
 
 
-def load(names: tuple[str, ...]) -> None:
+def load(names: "tuple[str, ...]") -> None:
     """Run each of our modules NAMES not loaded yet, in that order, from its compiled file; one whose
     compiled file is missing, stale or checked by hash is imported the usual way (which writes it
     afresh where python may)."""
@@ -127,7 +124,7 @@ def load(names: tuple[str, ...]) -> None:
             gc.enable()
 
 
-def _fresh(name: str) -> tuple[str, bytes] | None:
+def _fresh(name: str) -> "tuple[str, bytes] | None":
     """Our module NAME's source file (a module's, else a package's __init__.py) and its compiled file's
     bytes; None when there is no fresh compiled file (see _compiled)."""
     for package in (False, True):
@@ -138,7 +135,7 @@ def _fresh(name: str) -> tuple[str, bytes] | None:
     return None
 
 
-def _source_of(name: str, package: bool = False) -> str | None:
+def _source_of(name: str, package: bool = False) -> "str | None":
     """The source file of our module NAME (of its __init__.py when PACKAGE), a submodule of a package
     loaded from files."""
     parent, _, child = name.rpartition(".")
@@ -151,7 +148,7 @@ def _source_of(name: str, package: bool = False) -> str | None:
     return os.path.join(folders[0], child + ".py")
 
 
-def _compiled(source: str) -> bytes | None:
+def _compiled(source: str) -> "bytes | None":
     """The compiled file of SOURCE as an import would use it; None when it is missing or stale, or is
     checked by hash (which would mean reading and hashing the source as well)."""
     try:
@@ -178,7 +175,7 @@ def _compiled(source: str) -> bytes | None:
     return data if fresh else None
 
 
-def _run(name: str, source: str, data: bytes) -> Any:
+def _run(name: str, source: str, data: bytes) -> "Any":
     """Module NAME made from its compiled code, as an import would make it (spec, file, loader, its
     place in its package), with no finder, no lock and no line."""
     code = marshal.loads(memoryview(data)[_HEADER:])

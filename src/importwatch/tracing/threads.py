@@ -7,8 +7,6 @@ faulthandler's timer thread blocks every signal itself, but only once it runs; a
 `masked` closes that window too.
 """
 
-from __future__ import annotations
-
 import _signal  # not signal: that one imports enum at start-up
 import _thread
 
@@ -20,7 +18,7 @@ if TYPE_CHECKING:
 _EVERY = frozenset(_signal.valid_signals())
 
 
-def masked(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+def masked(function: "Callable[..., Any]", *args: "Any", **kwargs: "Any") -> "Any":
     """FUNCTION(*ARGS, **KWARGS) with every signal blocked in this thread, then the mask as it was.
 
     Putting the mask back runs the program's handler for a signal that arrived meanwhile, here, as
@@ -33,6 +31,6 @@ def masked(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         _signal.pthread_sigmask(_signal.SIG_SETMASK, old)
 
 
-def start(function: Callable[..., Any], args: tuple = ()) -> int:
+def start(function: "Callable[..., Any]", args: tuple = ()) -> int:
     """Start FUNCTION(*ARGS) in a new thread that blocks every signal; returns its ident."""
     return masked(_thread.start_new_thread, function, args)

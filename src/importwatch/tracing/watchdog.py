@@ -11,8 +11,6 @@ with the child's first step, and a heartbeat ends once the program's last thread
 own modules run at the first look that finds a step without progress (see standby.py).
 """
 
-from __future__ import annotations
-
 import _thread
 import sys
 
@@ -65,7 +63,7 @@ _IDLE_LOOK = 0.25
 class _Kit:
     """The stall report's modules (KIT), run, and what the looks keep: the refusals seen."""
 
-    def __init__(self, import_own: Callable) -> None:
+    def __init__(self, import_own: "Callable") -> None:
         self.cpushare, _, _, _, self.stalls, self.report = (import_own(name) for name in KIT)
         self.retries = self.stalls.Retries()
 
@@ -75,11 +73,11 @@ class Watchdog:
 
     def __init__(
         self,
-        tracer: Tracer,
+        tracer: "Tracer",
         timeout: float,
         exit_on_stall: bool = False,
-        faults: SharedFaulthandler | None = None,
-        standby: Standby | None = None,
+        faults: "SharedFaulthandler | None" = None,
+        standby: "Standby | None" = None,
     ) -> None:
         self.tracer = tracer
         self.faults = SharedFaulthandler() if faults is None else faults  # the timer, shared with the program
@@ -183,7 +181,7 @@ class Watchdog:
             return True
         return False
 
-    def step_begins(self, timeout: float | None) -> None:
+    def step_begins(self, timeout: "float | None") -> None:
         """A step began (see Tracer.on_deadline) with its own threshold TIMEOUT, or the watchdog's.
 
         While nothing was in flight nothing may be armed, and a step that holds the GIL at once would
@@ -211,7 +209,7 @@ class Watchdog:
             pass  # already woken
 
     @staticmethod
-    def _new_wake() -> _thread.LockType:
+    def _new_wake() -> "_thread.LockType":
         """A lock held until wake() releases it: the heartbeat sleeps by waiting for it."""
         wake = _thread.allocate_lock()
         wake.acquire()
@@ -265,14 +263,14 @@ class Watchdog:
             self._tell_due()  # the next step's end wakes it, as does the next step's start
 
     # -- the heartbeat ----------------------------------------------------------------
-    def _heartbeat(self, generation: int, gone: _thread.LockType, named: _thread.LockType) -> None:
+    def _heartbeat(self, generation: int, gone: "_thread.LockType", named: "_thread.LockType") -> None:
         try:
             self._heartbeat_ident = _thread.get_ident()
             self._beat(generation, named)
         finally:
             gone.release()
 
-    def _beat(self, generation: int, named: _thread.LockType) -> None:
+    def _beat(self, generation: int, named: "_thread.LockType") -> None:
         try:
             self.sink.name_thread("importwatch-heartbeat")  # so the watcher can tell it apart
         finally:
@@ -375,7 +373,7 @@ class Watchdog:
         return max(pause, 0.005)
 
     # -- reports ---------------------------------------------------------------------
-    def report(self, now: float, chains: dict[int, list[TracedStep]], culprit: int) -> None:
+    def report(self, now: float, chains: "dict[int, list[TracedStep]]", culprit: int) -> None:
         """Write a stall report: every chain in flight, then every thread's stack.
 
         Written whole under `_reporting`, which a RESUMED line takes too: the end of a stall is never
@@ -383,7 +381,7 @@ class Watchdog:
         with self._reporting:
             self._report(now, chains, culprit)
 
-    def _report(self, now: float, chains: dict[int, list[TracedStep]], culprit: int) -> None:
+    def _report(self, now: float, chains: "dict[int, list[TracedStep]]", culprit: int) -> None:
         kit = self._ready()
         self._disarm()
         top = chains[culprit][-1]
@@ -422,7 +420,7 @@ class Watchdog:
         """Each thread as faulthandler's dump names it (its address), and by name."""
         self.sink.event(STALL_THREADS, {"threads": self.sink.thread_names()})
 
-    def _fold_in(self, now: float, chains: dict[int, list[TracedStep]], culprit: int, found: dict) -> None:
+    def _fold_in(self, now: float, chains: "dict[int, list[TracedStep]]", culprit: int, found: dict) -> None:
         """Count this report for every other chain whose report is due as well, or that waits for the
         culprit's module lock or holds the one it waits for (FOUND: stalls.waits): one report tells them all."""
         related = {waiter for waiter, (owner, _) in found.items() if owner == culprit}
@@ -436,24 +434,24 @@ class Watchdog:
             if ident in related or now + self.interval >= since + limit * _GROWTH**reports:
                 self._stalled[ident] = (top, since, reports + 1)
 
-    def _ready(self) -> _Kit:
+    def _ready(self) -> "_Kit":
         """The stall report's modules, run now if they have not been (see standby.py)."""
         kit = self._kit
         if kit is None:
             kit = self._kit = _Kit(self.tracer.import_own)
         return kit
 
-    def _cpu_share(self, ident: int, steps: int | None = None) -> float | None:
+    def _cpu_share(self, ident: int, steps: "int | None" = None) -> "float | None":
         """The share of a CPU thread IDENT used just now (see cpushare.share); None when unknown."""
         tid = self.tracer.native_ids.get(ident)
         cpushare = self._ready().cpushare
         return None if tid is None else cpushare.share(tid, cpushare.STEPS if steps is None else steps)
 
-    def _limit(self, frame: TracedStep) -> float:
+    def _limit(self, frame: "TracedStep") -> float:
         """A step's stall threshold: its own timeout (a phase's), or the watchdog's."""
         return self.timeout if frame.timeout is None else frame.timeout
 
-    def _stall(self, ident: int, top: TracedStep) -> tuple[float, int]:
+    def _stall(self, ident: int, top: "TracedStep") -> "tuple[float, int]":
         """When TOP's wait began, and how many stall reports it has had so far."""
         # A step with its own timeout is timed from its start; any other from its last progress.
         began = top.progress if top.timeout is None else top.start
@@ -462,7 +460,7 @@ class Watchdog:
             return began, 0  # a new step since, or progress inside it (a checkpoint)
         return stalled[1], stalled[2]
 
-    def step_ended(self, now: float, failure: str | None = None) -> None:
+    def step_ended(self, now: float, failure: "str | None" = None) -> None:
         """Called by the tracer at a step's end once it is due (see _tell_due): say when a stalled
         thread moved on. FAILURE: how the step failed, if it did."""
         if self._dormant:
@@ -475,7 +473,7 @@ class Watchdog:
         with self._reporting:  # after the report of this stall, if one is being written
             self._resumed(now, ident, failure)
 
-    def _resumed(self, now: float, ident: int, failure: str | None) -> None:
+    def _resumed(self, now: float, ident: int, failure: "str | None") -> None:
         stalled = self._stalled.pop(ident, None)
         if stalled is not None:
             self._tell_due()
@@ -493,7 +491,7 @@ class Watchdog:
         self.sink.event(RESUMED, {"dumped": self.sink.dumped_where()})
         self._thread_map()
 
-    def _tell_due(self, next_look: float | None = None) -> None:
+    def _tell_due(self, next_look: "float | None" = None) -> None:
         """Tell the tracer when a step's end needs step_ended and a thread's first step step_begins, after
         each change of what they read (NEXT_LOOK: the heartbeat's next look, about to be set).
 
@@ -514,7 +512,7 @@ class Watchdog:
                 self.tracer.cover = (low + 1e-6, start + self.longest - 1e-6)
             self._next_look = look
 
-    def gil_held(self, frame: TracedStep) -> None:
+    def gil_held(self, frame: "TracedStep") -> None:
         """Before a dlopen: the heartbeat may not run again until it returns, so the C timer must be armed."""
         if self._dormant:
             self.wake_up()
@@ -532,7 +530,7 @@ class Watchdog:
         if armed is None or armed > deadline or armed <= deadline - self.longest:
             self._arm(deadline, start)
 
-    def gil_released(self, frame: TracedStep) -> None:
+    def gil_released(self, frame: "TracedStep") -> None:
         """After a dlopen: say so if faulthandler reported it. A timer still armed is left for the
         heartbeat's next look, which re-arms it for what is in flight then or cancels it; cancelling here
         would cost each load a thread join (see _cover)."""

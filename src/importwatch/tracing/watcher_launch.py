@@ -34,8 +34,6 @@ it drops the rest of its report and writes only the death line.
 What it reports: see watcher/loop.py.
 """
 
-from __future__ import annotations
-
 import errno
 import os
 import sys
@@ -64,12 +62,14 @@ _PACKAGE_ROOT = os.path.dirname(
 # How hush takes the lock at the exit, chosen at the launch (no import is made at the exit): the C
 # accelerator's lock_if_ours, else fcntl's flock (imported then, and held: tracing/handback.py). Called
 # with the pipe's descriptor, device and inode: None when the descriptor is no longer that pipe.
-_lock_now: Callable[[int, int, int], bool | None] | None = None
+_lock_now: "Callable[[int, int, int], bool | None] | None" = None
 _ADOPTED = "this process is a child subreaper, so the watcher would be its child (its os.wait() would see it)"
 _BOOT = "import sys; sys.path.insert(0, sys.argv.pop(1)); from importwatch.watcher.loop import main; sys.exit(main())"
 
 
-def launch(sink: Sink, settings: Settings, import_own: Callable[[str], Any] = __import__) -> str | None:
+def launch(
+    sink: "Sink", settings: "Settings", import_own: "Callable[[str], Any]" = __import__
+) -> "str | None":
     """Start the watcher for this process, with SETTINGS, and connect SINK's feed to it; returns why not, or
     None. IMPORT_OWN (Tracer.import_own) imports what it needs that is not ours, without a line."""
     executable = sys.executable and os.path.abspath(sys.executable)  # it runs from /
@@ -149,13 +149,13 @@ def launch(sink: Sink, settings: Settings, import_own: Callable[[str], Any] = __
 
 
 def _spawned(
-    spawn: Any,
+    spawn: "Any",
     executable: str,
-    argv: list[str],
-    env: dict[str, str],
+    argv: "list[str]",
+    env: "dict[str, str]",
     stderr: int,
-    inherited: tuple[int | None, ...],
-    closed: tuple[int, ...],
+    inherited: "tuple[int | None, ...]",
+    closed: "tuple[int, ...]",
 ) -> bool:
     """The C way (_speedups.spawn_detached): a thread of ours starts the watcher while the program goes
     on, nothing of the program copied, no go needed (the subreaper was asked first); it closes CLOSED
@@ -178,7 +178,7 @@ def _spawned(
     return True
 
 
-def _started(wait: float) -> int | None:
+def _started(wait: float) -> "int | None":
     """How the C start under way went (Sink.watcher_started): the watcher's pid, or None while under way.
 
     OSError where it failed; EBADF, from our thread, means a descriptor to hand on was no longer
@@ -193,7 +193,7 @@ def _started(wait: float) -> int | None:
         raise
 
 
-def _refused(executable: str) -> str | None:
+def _refused(executable: str) -> "str | None":
     """Why no watcher may be started from this process, or None."""
     if not executable:
         return "no python executable to run it with"
@@ -207,11 +207,11 @@ def _refused(executable: str) -> str | None:
 
 def _double_fork(
     executable: str,
-    argv: list[str],
-    env: dict[str, str],
+    argv: "list[str]",
+    env: "dict[str, str]",
     stderr: int,
-    go: tuple[int, int],
-    inherited: tuple[int | None, ...],
+    go: "tuple[int, int]",
+    inherited: "tuple[int | None, ...]",
 ) -> int:
     """Fork a child that forks the watcher-to-be (waiting on GO's read end) and leaves at once.
 
@@ -240,11 +240,11 @@ def _double_fork(
 
 def _exec_watcher(
     executable: str,
-    argv: list[str],
-    env: dict[str, str],
+    argv: "list[str]",
+    env: "dict[str, str]",
     stderr: int,
-    go: tuple[int, int],
-    inherited: tuple[int | None, ...],
+    go: "tuple[int, int]",
+    inherited: "tuple[int | None, ...]",
 ) -> None:  # pragma: no cover  (the watcher-to-be, forked: it execs or leaves)
     """Wait for the go, then become the watcher: its own session, no terminal, stdin and stdout on
     /dev/null, STDERR on 2, the INHERITED descriptors kept, and a working directory where nobody else
@@ -277,7 +277,7 @@ def _is_child(pid: int) -> bool:
     return True
 
 
-def hush(sink: Sink) -> None:
+def hush(sink: "Sink") -> None:
     """At the program's exit: tell the watcher, let it finish the lines it is writing, silence it.
 
     The lock taken here is held until the process is gone, so once the parent has
@@ -311,7 +311,7 @@ def hush(sink: Sink) -> None:
     # A watcher stopped or stuck while holding it: the exit does not wait longer.
 
 
-def _pipe(accelerator: Any, import_own: Callable[[str], Any]) -> tuple[int, int]:
+def _pipe(accelerator: "Any", import_own: "Callable[[str], Any]") -> "tuple[int, int]":
     """A pipe whose ends are above 2 (stdin may be closed): the watcher's sign of the end, and the lock of hush.
 
     Also chooses how hush will take that lock: with the C ACCELERATOR, no fcntl at start-up; else
@@ -323,7 +323,7 @@ def _pipe(accelerator: Any, import_own: Callable[[str], Any]) -> tuple[int, int]
         if _lock_now is None:
             fcntl = import_own("fcntl")
 
-            def flock_if_ours(fd: int, device: int, inode: int, fcntl: Any = fcntl) -> bool | None:
+            def flock_if_ours(fd: int, device: int, inode: int, fcntl: "Any" = fcntl) -> "bool | None":
                 if identity(fd) != (device, inode):
                     return None
                 try:
