@@ -452,6 +452,48 @@ def test_a_log_descriptor_taken_over_between_two_imports_gets_none_of_the_next_l
         assert runs[name].stderr.count("the program closed or replaced the log file's descriptor") == 1
 
 
+QUIET_TAKEOVER = """\
+import ctypes, os
+stderr = os.fstat(2)
+def same_as_stderr(fd):
+    try:
+        seen = os.fstat(fd)
+    except OSError:
+        return False
+    return (seen.st_dev, seen.st_ino) == (stderr.st_dev, stderr.st_ino)
+mine = os.open("mine.txt", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+for fd in [fd for fd in range(512, 1024) if same_as_stderr(fd)]:  # a copy of stderr placed high: ours
+    os.dup2(mine, fd)
+import json
+try:
+    ctypes.CDLL("libdoes_not_exist_here.so.3")
+except OSError:
+    pass
+os.write(mine, b"mine\\n")
+os.close(mine)
+with open("mine.txt") as written:
+    print(repr(written.read()))
+"""
+
+
+@pytest.mark.parametrize("pure", ["0", "1"], ids=["C", "pure"])
+def test_a_quiet_stderr_copy_the_program_takes_over_gets_none_of_the_lines_said_later(
+    tmp_path: Path, pure: str
+) -> None:
+    """Under --stderr stalls no import looks at stderr's copy (no step line goes there): the line about
+    to be written looks first. Here a `!` line of the program's own thread, with no heartbeat (--timeout
+    0) to look meanwhile: it goes to stderr, through a copy made anew, never into the program's file."""
+    (tmp_path / "takeover.py").write_text(QUIET_TAKEOVER)
+    runs = three_ways(
+        ["takeover.py"], tmp_path, IMPORTWATCH_STDERR="stalls", IMPORTWATCH_TIMEOUT="0", IMPORTWATCH_PURE=pure
+    )
+    for name, run in runs.items():
+        assert (run.returncode, run.stdout) == (0, "'mine\\n'\n"), (name, run.stdout, run.stderr)
+    for name in ("runner", "IMPORTWATCH=1"):
+        said = [line for line in runs[name].stderr.splitlines() if "] ! " in line]
+        assert len(said) == 1 and "libdoes_not_exist_here.so.3" in said[0], runs[name].stderr
+
+
 # -- nothing of ours in the program's log --------------------------------------------------------
 NATIVE = "import readline, ctypes\nctypes.CDLL(None).getpid()\n"
 

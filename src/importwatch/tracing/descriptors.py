@@ -13,6 +13,7 @@ import os
 # program that closes a range of descriptors and then opens files gets the lowest free numbers,
 # so it can come to reuse ours only by holding about a thousand at once (or by dup2 onto them).
 _HIGH_FD = 1024
+_STDERR = 2
 
 
 def high_descriptor(fd: int) -> int:
@@ -57,3 +58,51 @@ def close_if_ours(fd: int, ident: "tuple[int, int] | None") -> None:
             os.close(fd)
         except OSError:
             pass
+
+
+class Channel:
+    """One descriptor of our own that lines go to; on the first failed write it says so once and stops.
+
+    IDENT is what the descriptor refers to (device, inode) when we placed it: check_descriptors
+    compares, now and then, never per write (see Sink).
+    """
+
+    __slots__ = ("broken", "fd", "ident", "json", "name")
+
+    def __init__(
+        self, fd: int, name: str, json: bool = False, ident: "tuple[int, int] | None" = None
+    ) -> None:
+        self.fd = fd
+        self.name = name
+        self.json = json
+        self.ident = ident
+        self.broken = False
+
+    def write(self, data: bytes) -> "OSError | None":
+        """Write all of DATA; return the error that broke the channel, if one did."""
+        if self.broken:
+            return None
+        try:
+            while data:
+                data = data[os.write(self.fd, data) :]
+        except OSError as error:
+            self.broken = True
+            return error
+        return None
+
+
+def own_stderr(fd: int) -> "Channel":
+    """Our own copy of the program's stderr FD, placed high and close-on-exec: where our stderr lines go.
+
+    Never fd 2 itself: a program that closes fd 2 and opens a file (which then gets number 2),
+    or dup2s a file onto it, has that file take only what it writes itself. Our lines go on
+    to the stderr the process started with (see docs/forks-and-faulthandler.md). FD, when it is
+    not 2, is a copy made for us already (the pytest plugin's) and is taken over. When fd 2
+    is closed at start, lines for stderr go to /dev/null.
+    """
+    try:
+        copy = os.dup(fd) if fd == _STDERR else fd
+    except OSError:
+        copy = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+    copy = high_descriptor(copy)
+    return Channel(copy, "stderr", ident=identity(copy))

@@ -322,8 +322,10 @@ class Tracer:
             if stack is None:
                 stack = stacks[ident] = []
                 native_ids[ident] = get_native_id()  # for the watchdog's look at its CPU time
-                # The program's own code ran since this thread's last step: it may have moved a descriptor.
-                sink.check_descriptors()
+                # The program's own code ran since this thread's last step: it may have moved a descriptor
+                # that steps' lines go to (none under --stderr stalls without a log: see check_descriptors).
+                if sink.guards != ():
+                    sink.check_descriptors()
                 if tracer.on_deadline is not None:
                     low, high = tracer.cover
                     if not low <= clock() < high:
@@ -421,7 +423,8 @@ class Tracer:
             return stack, False
         stack = self.stacks[ident] = []
         self.native_ids[ident] = _thread.get_native_id()  # for the watchdog's look at its CPU time
-        self.sink.check_descriptors()  # see _find_and_load
+        if self.sink.guards != ():  # see _find_and_load
+            self.sink.check_descriptors()
         return stack, True
 
     def pop(self, frame: "TracedStep") -> float:

@@ -10,7 +10,7 @@ import time
 from importwatch import safefile
 from importwatch.events import BUSY, DIED, EXIT, RESUMED, VERDICT, WARNING, escape, json_line, render
 from importwatch.tracing.accelerator import ACCELERATOR, SINK_BASE
-from importwatch.tracing.descriptors import close_if_ours, high_descriptor, identity
+from importwatch.tracing.descriptors import Channel, close_if_ours, high_descriptor, identity, own_stderr
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -61,23 +61,6 @@ def rank_from_env(environ: "dict[str, str] | os._Environ[str]" = os.environ) -> 
     return None
 
 
-def own_stderr(fd: int) -> "Channel":
-    """Our own copy of the program's stderr FD, placed high and close-on-exec: where our stderr lines go.
-
-    Never fd 2 itself: a program that closes fd 2 and opens a file (which then gets number 2),
-    or dup2s a file onto it, has that file take only what it writes itself. Our lines go on
-    to the stderr the process started with (see docs/forks-and-faulthandler.md). FD, when it is
-    not 2, is a copy made for us already (the pytest plugin's) and is taken over. When fd 2
-    is closed at start, lines for stderr go to /dev/null.
-    """
-    try:
-        copy = os.dup(fd) if fd == _STDERR else fd
-    except OSError:
-        copy = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
-    copy = high_descriptor(copy)
-    return Channel(copy, "stderr", ident=identity(copy))
-
-
 class _LoudKinds(dict):
     """Per kind of event, whether --stderr stalls writes it to stderr: decided once per kind, never changed
     (the C hook keeps the answers it has read: _speedups_route.h)."""
@@ -94,37 +77,6 @@ class _NoKinds(dict):
     def __missing__(self, kind: str) -> bool:
         self[kind] = False
         return False
-
-
-class Channel:
-    """One descriptor of our own that lines go to; on the first failed write it says so once and stops.
-
-    IDENT is what the descriptor refers to (device, inode) when we placed it: check_descriptors
-    compares, now and then, never per write (see Sink).
-    """
-
-    __slots__ = ("broken", "fd", "ident", "json", "name")
-
-    def __init__(
-        self, fd: int, name: str, json: bool = False, ident: "tuple[int, int] | None" = None
-    ) -> None:
-        self.fd = fd
-        self.name = name
-        self.json = json
-        self.ident = ident
-        self.broken = False
-
-    def write(self, data: bytes) -> "OSError | None":
-        """Write all of DATA; return the error that broke the channel, if one did."""
-        if self.broken:
-            return None
-        try:
-            while data:
-                data = data[os.write(self.fd, data) :]
-        except OSError as error:
-            self.broken = True
-            return error
-        return None
 
 
 class Sink(SINK_BASE):  # type: ignore[misc,valid-type]
@@ -216,6 +168,7 @@ class Sink(SINK_BASE):  # type: ignore[misc,valid-type]
         """What goes to stderr: every line ("all"), what says something is wrong ("stalls"), or none."""
         self.stderr_mode = mode
         self._loud = None if mode == "all" else _LoudKinds() if mode == "stalls" else _NoKinds()
+        self.guards = None  # whether stderr's copy is among them (see check_descriptors)
 
     def loud(self, kind: str) -> bool:
         """Whether a line of KIND goes to stderr."""
@@ -300,13 +253,16 @@ class Sink(SINK_BASE):  # type: ignore[misc,valid-type]
         begins with nothing in flight on its thread (Tracer), and at each of the
         heartbeat's looks. One fstat per descriptor of ours, never per line.
 
-        The hook's guards (the C hook's look at each such step) leave the watcher's pipe
-        out: nothing is written to it, and its one use, the lock at the exit, looks at it
-        itself first (watcher_launch.hush).
+        The hook's guards (the C hook's look at each such step) hold only the descriptors
+        that steps' lines go to. They leave out the watcher's pipe: nothing is written to
+        it, and its one use, the lock at the exit, looks at it itself first
+        (watcher_launch.hush). Under --stderr stalls or none they leave out stderr's copy
+        too, which is then looked at where something is about to use it: a line written
+        to it (see _looked_at) and faulthandler's timer armed with it (timer_fd). A quiet
+        import then makes no system call at all.
         """
+        self._look_at_stderr()
         stderr = self.stderr
-        if not stderr.broken and identity(stderr.fd) != stderr.ident and not self._stderr_again():
-            stderr.broken = True  # nowhere left to say it
         log = self.log
         if log is not None and not log.broken and identity(log.fd) != log.ident:
             self._log_lost(log)
@@ -316,12 +272,25 @@ class Sink(SINK_BASE):  # type: ignore[misc,valid-type]
             feed = self.feed
         if feed is not None and not feed.closed and identity(feed.fd) != feed.ident:
             feed.closed = True  # the pipe's end told the watcher we were gone: nobody reads the ring now
-        live = [(stderr.fd, stderr.ident)] if not stderr.broken else []
+        live = [(stderr.fd, stderr.ident)] if not stderr.broken and self._loud is None else []
         live += [(log.fd, log.ident)] if log is not None and not log.broken else []
         # While the watcher's start is under way (a few milliseconds), no guards: each step with nothing
         # in flight then comes here, so a start that failed is said at once.
         starting = feed is not None and feed.starting is not None
         self.guards = None if starting else tuple((fd, *ident) for fd, ident in live if ident is not None)
+
+    def _look_at_stderr(self) -> None:
+        """Stop writing to our copy of stderr if the program closed it or put something else at its number."""
+        stderr = self.stderr
+        if not stderr.broken and identity(stderr.fd) != stderr.ident and not self._stderr_again():
+            stderr.broken = True  # nowhere left to say it
+
+    def _looked_at(self, stderr: "Channel") -> bool:
+        """Whether STDERR may take a line now: under --stderr stalls or none the hook's look at each
+        step leaves it out (see check_descriptors), so it is looked at before each line it gets."""
+        if self._loud is not None:
+            self._look_at_stderr()
+        return not stderr.broken
 
     def _log_lost(self, log: "Channel") -> None:
         if log.broken and log.ident is None:
@@ -408,9 +377,13 @@ class Sink(SINK_BASE):  # type: ignore[misc,valid-type]
 
     def timer_fd(self) -> int:
         """Where faulthandler's timer dumps a stall that holds the GIL: dump_fd(), but never stderr
-        under --stderr none (then /dev/null: the timer takes a descriptor, and may have to end the job)."""
+        under --stderr none, nor a copy of stderr that is no longer ours (then /dev/null: the timer takes a
+        descriptor, and may have to end the job)."""
         fd = self.dump_fd()
-        if fd != self.stderr.fd or self.loud("stall"):
+        if fd == self.stderr.fd:
+            self._looked_at(self.stderr)
+            fd = self.dump_fd()  # (a copy made anew has a number of its own)
+        if fd != self.stderr.fd or (self.loud("stall") and not self.stderr.broken):
             return fd
         null = self._null
         if null is None or identity(null.fd) != null.ident:  # the program may have closed or reused it
@@ -471,7 +444,7 @@ class Sink(SINK_BASE):  # type: ignore[misc,valid-type]
             text = f"{self._head}{self._stamp} {thread}] {body}\n".encode("ascii")
         size = len(text)
         stderr = self.stderr
-        if not stderr.broken and (loud is None or loud[kind]) and only != "log":
+        if not stderr.broken and (loud is None or loud[kind]) and only != "log" and self._looked_at(stderr):
             line = text
             if self.partial:  # the program's own line is not ended: ours starts on a new one
                 self.partial = False
@@ -524,7 +497,7 @@ class Sink(SINK_BASE):  # type: ignore[misc,valid-type]
 
     def raw(self, data: bytes, to_stderr: bool = True, to_log: bool = True) -> None:
         """Bytes as they are, to stderr (unless --stderr none) and a text log: a report's stacks."""
-        if to_stderr and self.loud("stall"):
+        if to_stderr and self.loud("stall") and self._looked_at(self.stderr):
             if self.partial:
                 self.partial = False
                 data = b"\n" + data
