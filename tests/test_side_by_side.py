@@ -494,6 +494,48 @@ def test_a_quiet_stderr_copy_the_program_takes_over_gets_none_of_the_lines_said_
         assert len(said) == 1 and "libdoes_not_exist_here.so.3" in said[0], runs[name].stderr
 
 
+HOLDER = """\
+import os
+stderr = os.fstat(2)
+def same_as_stderr(fd):
+    try:
+        seen = os.fstat(fd)
+    except OSError:
+        return False
+    return (seen.st_dev, seen.st_ino) == (stderr.st_dev, stderr.st_ino)
+mine = os.open("mine.txt", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+for fd in [fd for fd in range(512, 1024) if same_as_stderr(fd)]:  # a copy of stderr placed high: ours
+    os.dup2(mine, fd)
+os.dup2(os.open("errors.txt", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), 2)
+import holds_the_gil
+os.write(mine, b"mine\\n")
+os.close(mine)
+with open("mine.txt") as written:
+    print(repr(written.read()))
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("stderr_mode", ["all", "stalls"])
+def test_faulthandler_s_timer_never_dumps_into_a_stderr_copy_the_program_took_over(
+    tmp_path: Path, stderr_mode: str
+) -> None:
+    """The program takes over stderr's copy and points fd 2 elsewhere (a daemon's redirect), so no copy of
+    the stderr we started with can be made again; then an import holds the GIL past the threshold, and only
+    faulthandler's timer can act. Its dump goes nowhere kept rather than into the program's file."""
+    (tmp_path / "holds_the_gil.py").write_text("import ctypes\nctypes.PyDLL(None).sleep(3)\n")
+    (tmp_path / "daemon.py").write_text(HOLDER)
+    runs = three_ways(
+        ["daemon.py"],
+        tmp_path,
+        runner_options=("--no-watcher",),
+        IMPORTWATCH_STDERR=stderr_mode,
+        IMPORTWATCH_TIMEOUT="1",
+    )
+    for name, run in runs.items():
+        assert (run.returncode, run.stdout) == (0, "'mine\\n'\n"), (name, run.stdout, run.stderr)
+
+
 # -- nothing of ours in the program's log --------------------------------------------------------
 NATIVE = "import readline, ctypes\nctypes.CDLL(None).getpid()\n"
 

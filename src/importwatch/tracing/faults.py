@@ -130,6 +130,17 @@ class SharedFaulthandler:
             self._ours = _Request(deadline, 0.0, False, fd, exit, ours=True)
             self._sync(now)
 
+    def move_ours(self, fd: int) -> bool:
+        """Our deadline, if one is pending, dumped to FD from now on (the descriptor it was armed with is no
+        longer ours); whether there was one."""
+        with self._lock:
+            ours = self._ours
+            if ours is None or ours.file == fd:
+                return False
+            self._ours = _Request(ours.deadline, 0.0, False, fd, ours.exit, ours=True)
+            self._sync(CLOCKS.monotonic())
+            return True
+
     def cancel_ours(self) -> None:
         with self._lock:
             if self._ours is not None:

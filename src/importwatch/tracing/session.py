@@ -57,7 +57,7 @@ class Session:
         self.settings = settings
         self.sink = Sink(stderr_fd)
         self.sink.set_stderr(settings.stderr)
-        self.sink.on_log_lost = self._log_lost
+        self.sink.on_lost = self._descriptor_lost
         self.tracer = Tracer(self.sink)
         # What our start-up imported that the program had not: out of sys.modules until it imports each.
         self.held = Held(self.tracer)
@@ -142,9 +142,13 @@ class Session:
         self.sink.unfollow_partial_lines()
         self.sink.close_stderr()
 
-    def _log_lost(self) -> None:
-        """The program closed our log's descriptor: faulthandler's crash dump of ours no longer goes to that number."""
+    def _descriptor_lost(self) -> None:
+        """The program closed or replaced our log's descriptor or stderr's copy: faulthandler's dumps of ours,
+        a crash's and the timer's, no longer go to that number."""
         self._start_faulthandler()
+        fd = self.sink.timer_fd()
+        if self.faults.move_ours(fd):
+            self.sink.timer_armed(fd)
 
     def _open_log(self) -> None:
         if self.settings.log:

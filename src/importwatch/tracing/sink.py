@@ -123,7 +123,12 @@ class Sink(SINK_BASE):  # type: ignore[misc,valid-type]
         self.partial = False
         # (stream, our write, our flush) while installed
         self._stderr_write: tuple[object, object, object] | None = None
-        self.on_log_lost: Callable[[], None] | None = None
+        # Told when a descriptor of ours is lost (the log, or stderr's copy, made anew or not): where
+        # faulthandler dumps must move.
+        self.on_lost: Callable[[], None] | None = None
+        # The descriptor faulthandler's timer is armed with (timer_armed), or None: while it is stderr's
+        # copy, the hook's guards hold that copy too (see check_descriptors).
+        self.timer_at: int | None = None
         self.after_fork_in_child()
 
     # -- set-up ------------------------------------------------------------
@@ -257,9 +262,9 @@ class Sink(SINK_BASE):  # type: ignore[misc,valid-type]
         that steps' lines go to. They leave out the watcher's pipe: nothing is written to
         it, and its one use, the lock at the exit, looks at it itself first
         (watcher_launch.hush). Under --stderr stalls or none they leave out stderr's copy
-        too, which is then looked at where something is about to use it: a line written
-        to it (see _looked_at) and faulthandler's timer armed with it (timer_fd). A quiet
-        import then makes no system call at all.
+        too while faulthandler's timer is not armed with it: a line written to it looks
+        first (see _looked_at), and so does the arming (timer_fd). A quiet import then makes
+        no system call at all. A copy found lost (see _stderr_again) re-arms the timer.
         """
         self._look_at_stderr()
         stderr = self.stderr
@@ -272,25 +277,33 @@ class Sink(SINK_BASE):  # type: ignore[misc,valid-type]
             feed = self.feed
         if feed is not None and not feed.closed and identity(feed.fd) != feed.ident:
             feed.closed = True  # the pipe's end told the watcher we were gone: nobody reads the ring now
-        live = [(stderr.fd, stderr.ident)] if not stderr.broken and self._loud is None else []
+        used = self._loud is None or self.timer_at == stderr.fd  # a step's line, or the timer's dump
+        live = [(stderr.fd, stderr.ident)] if not stderr.broken and used else []
         live += [(log.fd, log.ident)] if log is not None and not log.broken else []
         # While the watcher's start is under way (a few milliseconds), no guards: each step with nothing
         # in flight then comes here, so a start that failed is said at once.
         starting = feed is not None and feed.starting is not None
         self.guards = None if starting else tuple((fd, *ident) for fd, ident in live if ident is not None)
 
-    def _look_at_stderr(self) -> None:
-        """Stop writing to our copy of stderr if the program closed it or put something else at its number."""
+    def _look_at_stderr(self, arming: bool = False) -> None:
+        """Stop writing to our copy of stderr if the program closed it or put something else at its number
+        (a new copy, where fd 2 is still the stderr we started with). ARMING: the timer is being armed."""
         stderr = self.stderr
-        if not stderr.broken and identity(stderr.fd) != stderr.ident and not self._stderr_again():
-            stderr.broken = True  # nowhere left to say it
+        if not stderr.broken and identity(stderr.fd) != stderr.ident:
+            self._stderr_again(arming=arming)
 
-    def _looked_at(self, stderr: "Channel") -> bool:
+    def _looked_at(self, stderr: "Channel", arming: bool = False) -> bool:
         """Whether STDERR may take a line now: under --stderr stalls or none the hook's look at each
-        step leaves it out (see check_descriptors), so it is looked at before each line it gets."""
+        step may leave it out (see check_descriptors), so it is looked at before each line it gets."""
         if self._loud is not None:
-            self._look_at_stderr()
+            self._look_at_stderr(arming)
         return not stderr.broken
+
+    def timer_armed(self, fd: "int | None") -> None:
+        """faulthandler's timer is armed with FD from now on (None: not armed)."""
+        if fd != self.timer_at:
+            self.timer_at = fd
+            self.guards = None  # whether stderr's copy is among them
 
     def _log_lost(self, log: "Channel") -> None:
         if log.broken and log.ident is None:
@@ -301,8 +314,8 @@ class Sink(SINK_BASE):  # type: ignore[misc,valid-type]
             f"the program closed or replaced the log file's descriptor ({log.fd}, {log.name}); "
             "logging to stderr only"
         )
-        if self.on_log_lost is not None:
-            self.on_log_lost()
+        if self.on_lost is not None:
+            self.on_lost()
 
     def attach_feed(
         self, fd: int, ring: "Ring", starting: "Callable[[float], int | None] | None" = None
@@ -381,7 +394,7 @@ class Sink(SINK_BASE):  # type: ignore[misc,valid-type]
         descriptor, and may have to end the job)."""
         fd = self.dump_fd()
         if fd == self.stderr.fd:
-            self._looked_at(self.stderr)
+            self._looked_at(self.stderr, arming=True)
             fd = self.dump_fd()  # (a copy made anew has a number of its own)
         if fd != self.stderr.fd or (self.loud("stall") and not self.stderr.broken):
             return fd
@@ -543,21 +556,25 @@ class Sink(SINK_BASE):  # type: ignore[misc,valid-type]
             return f"thread-{_thread.get_native_id()}"
         return f"thread-{ident:#x}"
 
-    def _stderr_again(self, error: "OSError | None" = None) -> bool:
-        """Our copy of stderr was closed under us (a closerange; ERROR, when a write found it): a new copy,
-        when fd 2 is still the stderr we started with. Asked when a check or a write failed, never per write."""
+    def _stderr_again(self, error: "OSError | None" = None, arming: bool = False) -> bool:
+        """Our copy of stderr was closed or replaced under us (a closerange, a dup2; ERROR, when a write
+        found it): a new copy, when fd 2 is still the stderr we started with, else none (broken). Asked
+        when a check or a write failed, never per write. Either way faulthandler's timer, armed with the
+        lost copy, is armed again (on_lost), unless it is being armed (ARMING)."""
         stderr = self.stderr
         if error is not None and error.errno != errno.EBADF:
             return False
-        if not self.stderr_is_fd2 or identity(_STDERR) != stderr.ident:
-            return False
-        try:
-            stderr.fd = high_descriptor(os.dup(_STDERR))
-        except OSError:
-            return False
-        stderr.broken = False
+        again = self.stderr_is_fd2 and identity(_STDERR) == stderr.ident
+        if again:
+            try:
+                stderr.fd = high_descriptor(os.dup(_STDERR))
+            except OSError:
+                again = False
+        stderr.broken = not again  # nowhere left to say it
         self.guards = None
-        return True
+        if self.on_lost is not None and not arming:
+            self.on_lost()
+        return again
 
     def _write(self, channel: "Channel", data: bytes) -> None:
         error = channel.write(data)

@@ -38,8 +38,7 @@ _GRACE = 0.3
 _REPEAT_GRACE = 3.0
 # A stalled thread running, or ready to run, at least this share of the time is busy, not stuck.
 _BUSY = 0.5
-# The stall report's modules, run at the first look that needs them (see standby.py), in this order:
-# each after what it imports.
+# The stall report's modules, run at the first look that needs them (standby.py), each after what it imports.
 KIT = (
     "importwatch.tracing.cpushare",
     "importwatch.facts.retry",
@@ -522,9 +521,8 @@ class Watchdog:
         """See that faulthandler's timer is armed for a step that began at START with threshold LIMIT.
 
         Arming starts a thread in faulthandler and cancelling joins it, about 70 us each: too dear for
-        every one of the tens of dlopens an `import torch` makes in a burst. So a deadline already armed
-        is kept when it is due no later than this step's own and less than `longest` earlier, as the
-        heartbeat keeps its own."""
+        every one of the tens of dlopens an `import torch` makes in a burst. So a deadline already armed is
+        kept when due no later than this step's own and less than `longest` earlier, as the heartbeat's is."""
         deadline = start + limit + _GRACE
         armed = self._armed_for
         if armed is None or armed > deadline or armed <= deadline - self.longest:
@@ -555,6 +553,7 @@ class Watchdog:
             if armed is None or now < armed:
                 return False
             self._armed_for = None
+            self.sink.timer_armed(None)
             # Spent: the C timer holds no deadline of ours now, and the program's, if it has one, must be
             # armed again at once. Nothing else would: with nothing left in flight, _disarm sees no
             # deadline of ours to cancel (the program's deadline was lost so, for good).
@@ -582,12 +581,14 @@ class Watchdog:
             self._arm_now(deadline, now)
 
     def _arm_now(self, deadline: float, now: float) -> None:
+        fd = self.sink.timer_fd()
         try:
-            self.faults.arm_ours(deadline, now, self.sink.timer_fd(), self.exit_on_stall)
+            self.faults.arm_ours(deadline, now, fd, self.exit_on_stall)
         except (OSError, ValueError, RuntimeError) as error:
             self.sink.warn(f"cannot arm faulthandler's timer: {error}")
             return
         self._armed_for = deadline
+        self.sink.timer_armed(fd)
         self._tell_due()
 
     def _disarm(self) -> None:
@@ -595,4 +596,5 @@ class Watchdog:
             if self._armed_for is not None:
                 self.faults.cancel_ours()
                 self._armed_for = None
+                self.sink.timer_armed(None)
                 self._tell_due()
