@@ -452,8 +452,10 @@ def test_a_log_descriptor_taken_over_between_two_imports_gets_none_of_the_next_l
         assert runs[name].stderr.count("the program closed or replaced the log file's descriptor") == 1
 
 
-QUIET_TAKEOVER = """\
-import ctypes, os
+# A program that takes over stderr's copy of ours (a copy of fd 2 placed high: it dup2s its own file onto
+# it), does WHAT, then writes a line of its own there and prints what that file holds.
+TAKE_OVER = """\
+import os
 stderr = os.fstat(2)
 def same_as_stderr(fd):
     try:
@@ -462,27 +464,28 @@ def same_as_stderr(fd):
         return False
     return (seen.st_dev, seen.st_ino) == (stderr.st_dev, stderr.st_ino)
 mine = os.open("mine.txt", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-for fd in [fd for fd in range(512, 1024) if same_as_stderr(fd)]:  # a copy of stderr placed high: ours
+for fd in [fd for fd in range(512, 1024) if same_as_stderr(fd)]:
     os.dup2(mine, fd)
-import json
-try:
-    ctypes.CDLL("libdoes_not_exist_here.so.3")
-except OSError:
-    pass
+{what}
 os.write(mine, b"mine\\n")
 os.close(mine)
 with open("mine.txt") as written:
     print(repr(written.read()))
 """
+QUIET_TAKEOVER = TAKE_OVER.replace(
+    "{what}",
+    "import ctypes, json\ntry:\n    ctypes.CDLL('libdoes_not_exist_here.so.3')\nexcept OSError:\n    pass",
+)
 
 
 @pytest.mark.parametrize("pure", ["0", "1"], ids=["C", "pure"])
 def test_a_quiet_stderr_copy_the_program_takes_over_gets_none_of_the_lines_said_later(
     tmp_path: Path, pure: str
 ) -> None:
-    """Under --stderr stalls no import looks at stderr's copy (no step line goes there): the line about
-    to be written looks first. Here a `!` line of the program's own thread, with no heartbeat (--timeout
-    0) to look meanwhile: it goes to stderr, through a copy made anew, never into the program's file."""
+    """Under --stderr stalls with no timer armed (--timeout 0) no import looks at stderr's copy: no step
+    line goes there, and the line about to be written looks first. Here a `!` line of the program's own
+    thread, with no heartbeat to look meanwhile: it goes to stderr, through a copy made anew, never into
+    the program's file."""
     (tmp_path / "takeover.py").write_text(QUIET_TAKEOVER)
     runs = three_ways(
         ["takeover.py"], tmp_path, IMPORTWATCH_STDERR="stalls", IMPORTWATCH_TIMEOUT="0", IMPORTWATCH_PURE=pure
@@ -494,25 +497,11 @@ def test_a_quiet_stderr_copy_the_program_takes_over_gets_none_of_the_lines_said_
         assert len(said) == 1 and "libdoes_not_exist_here.so.3" in said[0], runs[name].stderr
 
 
-HOLDER = """\
-import os
-stderr = os.fstat(2)
-def same_as_stderr(fd):
-    try:
-        seen = os.fstat(fd)
-    except OSError:
-        return False
-    return (seen.st_dev, seen.st_ino) == (stderr.st_dev, stderr.st_ino)
-mine = os.open("mine.txt", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-for fd in [fd for fd in range(512, 1024) if same_as_stderr(fd)]:  # a copy of stderr placed high: ours
-    os.dup2(mine, fd)
-os.dup2(os.open("errors.txt", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), 2)
-import holds_the_gil
-os.write(mine, b"mine\\n")
-os.close(mine)
-with open("mine.txt") as written:
-    print(repr(written.read()))
-"""
+# fd 2 pointed elsewhere too (a daemon's redirect): no copy of the stderr we started with can be made again.
+HOLDER = TAKE_OVER.replace(
+    "{what}",
+    "os.dup2(os.open('errors.txt', os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), 2)\nimport holds_the_gil",
+)
 
 
 @pytest.mark.timeout(120)
