@@ -152,6 +152,7 @@ class Session:
 
     def _open_log(self) -> None:
         if self.settings.log:
+            self.tracer.import_own("importwatch.safefile")  # what opens it: ours, not the program's import
             pid, rank = self.sink.pid, self.sink.rank
             shown = config.expand_log_path(self.settings.log, pid, rank)
             self.sink.open_log(config.expand_log_path(self._log_template(), pid, rank), shown)

@@ -7,7 +7,6 @@ import os
 import sys
 import time
 
-from importwatch import safefile
 from importwatch.events import BUSY, DIED, EXIT, RESUMED, VERDICT, WARNING, escape, json_line, render
 from importwatch.tracing.accelerator import ACCELERATOR, SINK_BASE
 from importwatch.tracing.descriptors import Channel, close_if_ours, high_descriptor, identity, own_stderr
@@ -140,6 +139,9 @@ class Sink(SINK_BASE):  # type: ignore[misc,valid-type]
         put something at PATH first: a symlink is never followed, a FIFO or device never
         waited on, and only a regular file of our own (or a new one, mode 0600) is taken.
         """
+        # Loaded where a log is opened, never at a start without one; by Session._open_log as ours (no line).
+        from importwatch import safefile
+
         opened, path = path, shown or path  # PATH as opened; as the user gave it, in what we say
         fd = safefile.open_log(opened, path)
         if isinstance(fd, str):

@@ -47,7 +47,6 @@ START_UP = (
     "importwatch.tracing.banner",
     "importwatch.tracing.forklocks",
     "importwatch.tracing.accelerator",
-    "importwatch.safefile",
     "importwatch.tracing.descriptors",
     "importwatch.tracing.sink",
     "importwatch.tracing.hook",
