@@ -13,7 +13,7 @@ import os
 # program that closes a range of descriptors and then opens files gets the lowest free numbers,
 # so it can come to reuse ours only by holding about a thousand at once (or by dup2 onto them).
 _HIGH_FD = 1024
-_STDERR = 2
+STDERR = 2  # the program's stderr, which ours copies
 
 
 def high_descriptor(fd: int) -> int:
@@ -101,7 +101,7 @@ def own_stderr(fd: int) -> "Channel":
     is closed at start, lines for stderr go to /dev/null.
     """
     try:
-        copy = os.dup(fd) if fd == _STDERR else fd
+        copy = os.dup(fd) if fd == STDERR else fd
     except OSError:
         copy = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
     copy = high_descriptor(copy)

@@ -323,7 +323,7 @@ class Tracer:
                 stack = stacks[ident] = []
                 native_ids[ident] = get_native_id()  # for the watchdog's look at its CPU time
                 # The program's own code ran since this thread's last step: it may have moved a descriptor
-                # that steps' lines go to (none under --stderr stalls without a log: see check_descriptors).
+                # of ours that something writes to (the sink's guards; none may be: see check_descriptors).
                 if sink.guards != ():
                     sink.check_descriptors()
                 if tracer.on_deadline is not None:

@@ -146,9 +146,10 @@ class Session:
         """The program closed or replaced our log's descriptor or stderr's copy: faulthandler's dumps of ours,
         a crash's and the timer's, no longer go to that number."""
         self._start_faulthandler()
-        fd = self.sink.timer_fd()
-        if self.faults.move_ours(fd):
-            self.sink.timer_armed(fd)
+        if self.sink.timer_at is not None:  # our timer is armed: with the number lost, maybe
+            fd = self.sink.timer_fd()
+            if self.faults.move_ours(fd):
+                self.sink.timer_armed(fd)
 
     def _open_log(self) -> None:
         if self.settings.log:

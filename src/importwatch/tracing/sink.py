@@ -9,7 +9,14 @@ import time
 
 from importwatch.events import BUSY, DIED, EXIT, RESUMED, VERDICT, WARNING, escape, json_line, render
 from importwatch.tracing.accelerator import ACCELERATOR, SINK_BASE
-from importwatch.tracing.descriptors import Channel, close_if_ours, high_descriptor, identity, own_stderr
+from importwatch.tracing.descriptors import (
+    STDERR,
+    Channel,
+    close_if_ours,
+    high_descriptor,
+    identity,
+    own_stderr,
+)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -43,7 +50,6 @@ _write = os.write
 _get_ident = _thread.get_ident
 
 PREFIX = "importwatch"
-_STDERR = 2
 
 # The kinds of event that --stderr stalls still writes to stderr (besides stall* and outside*): a
 # stall, a verdict, a death, our own failure. Not the start and env lines: until there is something
@@ -91,10 +97,10 @@ class Sink(SINK_BASE):  # type: ignore[misc,valid-type]
     setting its attributes, never through its __dict__.
     """
 
-    def __init__(self, stderr_fd: int = _STDERR) -> None:
+    def __init__(self, stderr_fd: int = STDERR) -> None:
         # STDERR_FD is fd 2, or a copy of it taken before pytest's capture redirects fd 2 (the pytest
         # plugin). Either way our lines go to a copy of our own (see own_stderr).
-        self.stderr_is_fd2 = stderr_fd == _STDERR
+        self.stderr_is_fd2 = stderr_fd == STDERR
         self.stderr = own_stderr(stderr_fd)
         self._now = CLOCKS.wall
         self.log: Channel | None = None
@@ -197,7 +203,7 @@ class Sink(SINK_BASE):  # type: ignore[misc,valid-type]
         if self._stderr_write is not None or not self.stderr_is_fd2 or stream is None:
             return
         try:
-            if stream.fileno() != _STDERR or "write" in vars(stream) or "flush" in vars(stream):
+            if stream.fileno() != STDERR or "write" in vars(stream) or "flush" in vars(stream):
                 return
             through = bool(stream.write_through)  # every write reaches the descriptor at once
             by_line = bool(stream.line_buffering)
@@ -294,12 +300,12 @@ class Sink(SINK_BASE):  # type: ignore[misc,valid-type]
         if not stderr.broken and identity(stderr.fd) != stderr.ident:
             self._stderr_again(arming=arming)
 
-    def _looked_at(self, stderr: "Channel", arming: bool = False) -> bool:
-        """Whether STDERR may take a line now: under --stderr stalls or none the hook's look at each
+    def _looked_at(self, arming: bool = False) -> bool:
+        """Whether stderr's copy may take a line now: under --stderr stalls or none the hook's look at each
         step may leave it out (see check_descriptors), so it is looked at before each line it gets."""
         if self._loud is not None:
             self._look_at_stderr(arming)
-        return not stderr.broken
+        return not self.stderr.broken
 
     def timer_armed(self, fd: "int | None") -> None:
         """faulthandler's timer is armed with FD from now on (None: not armed)."""
@@ -396,7 +402,7 @@ class Sink(SINK_BASE):  # type: ignore[misc,valid-type]
         descriptor, and may have to end the job)."""
         fd = self.dump_fd()
         if fd == self.stderr.fd:
-            self._looked_at(self.stderr, arming=True)
+            self._looked_at(arming=True)
             fd = self.dump_fd()  # (a copy made anew has a number of its own)
         if fd != self.stderr.fd or (self.loud("stall") and not self.stderr.broken):
             return fd
@@ -459,7 +465,7 @@ class Sink(SINK_BASE):  # type: ignore[misc,valid-type]
             text = f"{self._head}{self._stamp} {thread}] {body}\n".encode("ascii")
         size = len(text)
         stderr = self.stderr
-        if not stderr.broken and (loud is None or loud[kind]) and only != "log" and self._looked_at(stderr):
+        if not stderr.broken and only != "log" and (loud is None or (loud[kind] and self._looked_at())):
             line = text
             if self.partial:  # the program's own line is not ended: ours starts on a new one
                 self.partial = False
@@ -512,7 +518,7 @@ class Sink(SINK_BASE):  # type: ignore[misc,valid-type]
 
     def raw(self, data: bytes, to_stderr: bool = True, to_log: bool = True) -> None:
         """Bytes as they are, to stderr (unless --stderr none) and a text log: a report's stacks."""
-        if to_stderr and self.loud("stall") and self._looked_at(self.stderr):
+        if to_stderr and self.loud("stall") and self._looked_at():
             if self.partial:
                 self.partial = False
                 data = b"\n" + data
@@ -566,10 +572,10 @@ class Sink(SINK_BASE):  # type: ignore[misc,valid-type]
         stderr = self.stderr
         if error is not None and error.errno != errno.EBADF:
             return False
-        again = self.stderr_is_fd2 and identity(_STDERR) == stderr.ident
+        again = self.stderr_is_fd2 and identity(STDERR) == stderr.ident
         if again:
             try:
-                stderr.fd = high_descriptor(os.dup(_STDERR))
+                stderr.fd = high_descriptor(os.dup(STDERR))
             except OSError:
                 again = False
         stderr.broken = not again  # nowhere left to say it
