@@ -487,8 +487,13 @@ def test_a_quiet_stderr_copy_the_program_takes_over_gets_none_of_the_lines_said_
     thread, with no heartbeat to look meanwhile: it goes to stderr, through a copy made anew, never into
     the program's file."""
     (tmp_path / "takeover.py").write_text(QUIET_TAKEOVER)
-    runs = three_ways(
-        ["takeover.py"], tmp_path, IMPORTWATCH_STDERR="stalls", IMPORTWATCH_TIMEOUT="0", IMPORTWATCH_PURE=pure
+    runs = three_ways(  # no watcher: its start, still under way, would find the copy taken and say so
+        ["takeover.py"],
+        tmp_path,
+        runner_options=("--no-watcher",),
+        IMPORTWATCH_STDERR="stalls",
+        IMPORTWATCH_TIMEOUT="0",
+        IMPORTWATCH_PURE=pure,
     )
     for name, run in runs.items():
         assert (run.returncode, run.stdout) == (0, "'mine\\n'\n"), (name, run.stdout, run.stderr)
