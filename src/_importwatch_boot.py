@@ -45,10 +45,24 @@ def activate() -> None:
 
 
 def _in_main_interpreter() -> bool:
-    """False in a subinterpreter, whose site runs this .pth too (3.12 on can tell): importwatch's
-    threads, hooks and descriptors are the process's, started once, by the main interpreter."""
+    """False in a subinterpreter, whose site runs this .pth too: importwatch's threads, hooks and
+    descriptors are the process's, started once, by the main interpreter (a heartbeat left in a
+    subinterpreter aborts the process as it ends: "Py_EndInterpreter: thread still has a frame")."""
     is_main = getattr(_thread, "_is_main_interpreter", None)
-    return is_main is None or bool(is_main())
+    if is_main is not None:  # 3.12 on
+        return bool(is_main())
+    # Before: only the main interpreter's main thread may set signals' wake-up descriptor, and site runs
+    # this .pth in the thread that starts its interpreter. None is set yet at site's time; one that is
+    # gets put back.
+    import _signal  # (in sys.modules from the interpreter's start: no import of ours)
+
+    try:
+        old = _signal.set_wakeup_fd(-1)
+    except ValueError:
+        return False
+    if old != -1:
+        _signal.set_wakeup_fd(old)
+    return True
 
 
 class _LastChance:
