@@ -281,6 +281,36 @@ def test_start_up_s_modules_are_made_as_an_import_makes_them(tmp_path: Path, cop
     assert len(plain.stdout.splitlines()) == len(START_UP)
 
 
+# The files that start-up's functions name: their compiled files were made in another folder.
+CODE_FILES = """
+import sys, types
+for name in {names!r}:
+    __import__(name)
+    module = sys.modules[name]
+    named = {{f.__code__.co_filename for f in vars(module).values()
+             if isinstance(f, types.FunctionType) and f.__module__ == name}}
+    print(name, sorted(named))
+"""
+
+
+def test_start_up_s_modules_compiled_elsewhere_name_their_source_as_an_import_does(
+    tmp_path: Path, copy: Path
+) -> None:
+    """importlib gives a module's code the path of the source it found (a wheel's files compiled in a build
+    folder, a venv moved): start-up's own running of the compiled code must too."""
+    assert compileall.compile_dir(str(copy), quiet=1, force=True, ddir="/built/elsewhere")
+    (tmp_path / "run.py").write_text(CODE_FILES.format(names=START_UP))
+    plain = subprocess.run(
+        [sys.executable, "run.py"], cwd=tmp_path, env=_env(copy, writes_bytecode=False),
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert plain.returncode == 0, plain.stderr
+    assert "/built/elsewhere" not in plain.stdout and str(copy) in plain.stdout
+    traced = _run("IMPORTWATCH=1", copy, tmp_path, writes_bytecode=False)
+    assert traced.returncode == 0, traced.stderr
+    assert traced.stdout == plain.stdout
+
+
 # What a program sees of the collector at its first line (start-up turns it off while its modules run).
 COLLECTOR = (
     "import sys\nloaded = 'gc' in sys.modules\nimport gc\n"

@@ -24,6 +24,7 @@ not lent to them, and they import none of it (tests/test_standby.py holds it).
 
 import _frozen_importlib as _bootstrap
 import _frozen_importlib_external as _external
+import _imp
 import _thread
 import gc
 import marshal
@@ -178,6 +179,9 @@ def _run(name: str, source: str, data: bytes) -> "Any":
     """Module NAME made from its compiled code, as an import would make it (spec, file, loader, its
     place in its package), with no finder, no lock and no line."""
     code = marshal.loads(memoryview(data)[_HEADER:])
+    # Its file names as an import gives them: the source's path, not the one it was compiled at (a
+    # build folder, a relative path, a venv since moved); tracebacks, inspect and trace read them.
+    _imp._fix_co_filename(code, source)
     # (From an __init__.py the spec is a package's, its folder where its submodules are found.)
     module = _bootstrap.module_from_spec(_external.spec_from_file_location(name, source))
     sys.modules[name] = module
