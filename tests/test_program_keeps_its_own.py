@@ -63,6 +63,62 @@ def test_a_program_that_dup2s_a_file_onto_fd_2_finds_only_its_own_writes_there(t
         assert (tmp_path / "own.err").read_text() == "mine\n", name
 
 
+# -- the numbers the program may open ----------------------------------------------------------
+SCANS_AND_FILLS = """
+import os, resource
+seen = []
+for fd in range(os.sysconf("SC_OPEN_MAX")):  # as subprocess's fd_status.py looks
+    try:
+        os.fstat(fd)
+        seen.append(fd)
+    except OSError:
+        pass
+opened = []
+try:
+    while True:
+        opened.append(os.open(os.devnull, os.O_RDONLY))
+except OSError as error:
+    print(seen, len(opened), error.errno, resource.getrlimit(resource.RLIMIT_NOFILE))
+"""
+
+
+@pytest.mark.parametrize("pure", ["0", "1"], ids=["C", "pure"])
+@pytest.mark.parametrize("soft", [1024, 29])
+def test_under_a_soft_limit_below_the_hard_one_the_program_sees_and_opens_what_it_would_plain(
+    tmp_path: Path, soft: int, pure: str
+) -> None:
+    """Ours sit above the soft limit, where the usual 1024 under a higher hard limit leaves room: a scan
+    of range(SC_OPEN_MAX) finds none of them, as many files open before EMFILE, and the limit is the
+    program's. (This machine's own soft limit is its hard one: the test lowers it for the program.)"""
+    import resource
+
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard != resource.RLIM_INFINITY and hard < 1024 + 64:
+        pytest.skip(f"a hard limit of {hard} leaves no room above 1024")
+    (tmp_path / "prog.py").write_text(SCANS_AND_FILLS)
+    # Before 3.13 the pure twin's map of the watcher's feed keeps a copy of its descriptor (docs/limits.md).
+    watcher = () if pure == "0" or sys.version_info >= (3, 13) else ("--no-watcher",)
+    outputs = {}
+    for name, command, env in (
+        ("plain", [sys.executable, "prog.py"], clean_env()),
+        ("runner", [*RUNNER, *watcher, "prog.py"], clean_env(IMPORTWATCH_PURE=pure)),
+        ("IMPORTWATCH=1", [sys.executable, "prog.py"], clean_env(IMPORTWATCH="1", IMPORTWATCH_PURE=pure)),
+        ("IMPORTWATCH=1, a log", [sys.executable, "prog.py"],
+         clean_env(IMPORTWATCH="1", IMPORTWATCH_LOG="trace.log", IMPORTWATCH_PURE=pure)),
+    ):  # fmt: skip
+        run = subprocess.run(
+            command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=90,
+            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard)),
+        )  # fmt: skip
+        assert run.returncode == 0, (name, run.stderr)
+        outputs[name] = run.stdout
+        if name != "plain":
+            assert "] > resource\n" in run.stderr, (name, run.stderr)
+    assert outputs["plain"].startswith("[0, 1, 2] ")
+    assert set(outputs.values()) == {outputs["plain"]}, outputs
+    assert "] > resource\n" in (tmp_path / "trace.log").read_text()
+
+
 def test_a_program_that_closes_fd_2_at_start_gets_no_line_in_the_file_that_takes_its_number(
     tmp_path: Path,
 ) -> None:

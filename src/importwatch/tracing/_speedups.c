@@ -124,6 +124,7 @@ static int counted_setattro(PyObject *object, PyObject *name, PyObject *value); 
 #include "_speedups_follow.h" /* Follower: sys.stderr's write and flush, the sink's note of unended lines */
 #include "_speedups_elf.h" /* read_dynamic and the loader's list: a native load's facts, read in C */
 #include "_speedups_keep.h" /* keep_to_the_end: our functions out of the collector's passes at exit */
+#include "_speedups_limits.h" /* open_files_limit: where our descriptors may be placed */
 
 /* -- the hook -------------------------------------------------------------------------------- */
 static PyObject *call_original(Hook *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
@@ -557,7 +558,7 @@ static PyMethodDef methods[] = {
      "duration_text(ms): an end line's tail, as the hook writes it (f\" {ms:.3f} ms\"): for the twins' test."},
     {"shared_memory", shared_memory, METH_VARARGS,
      "shared_memory(fd, size): SIZE bytes of FD mapped shared and writable, as a buffer (ring.create)."},
-    ELF_METHODS KEEP_METHODS{NULL, NULL, 0, NULL},
+    ELF_METHODS KEEP_METHODS LIMITS_METHODS{NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module_def = {

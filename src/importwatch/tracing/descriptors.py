@@ -1,32 +1,96 @@
 """Our own descriptors in the traced process: placed high and close-on-exec, known by what they refer to.
 
-A program may close a range of descriptors, dup2 onto any number or open a
-thousand files: ours must never take its writes nor give it our lines. So each
-one is moved just below fd 1024, and its identity (device, inode) is kept to tell,
-when it matters, whether the number is still ours; we close one only while it is.
+A program may close a range of descriptors, dup2 onto any number, open a
+thousand files or list what it has open: ours must never take its writes nor
+give it our lines, nor use up its numbers. So each one is moved above the
+program's soft limit on open files where the hard limit leaves room (the usual
+soft limit of 1024 under a higher hard one), out of every number the program can
+open, dup2 onto or scan with `range(SC_OPEN_MAX)`; else just below fd 1024. Its
+identity (device, inode) is kept to tell, when it matters, whether the number is
+still ours; we close one only while it is.
 """
 
+import _thread
 import errno
 import os
 
-# Our own descriptors are moved just below this number (or the process's limit, if lower): a
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from types import ModuleType
+    from typing import Any, Callable
+
+# Below the program's soft limit, ours are moved just below this number (or that limit, if lower): a
 # program that closes a range of descriptors and then opens files gets the lowest free numbers,
 # so it can come to reuse ours only by holding about a thousand at once (or by dup2 onto them).
 _HIGH_FD = 1024
+# Above it, just below this one (or the hard limit, if lower): 64 numbers above the usual soft limit,
+# kept low because the kernel's table of descriptors, copied at each fork, grows to the highest one.
+_ABOVE_FD = 1024 + 64
 STDERR = 2  # the program's stderr, which ours copies
+
+# How the soft limit is read and set for a moment (see learn_limits): the C accelerator's
+# open_files_limit, a stand-in over the resource module, or None (ours stay below the limit).
+_open_files_limit: "Callable[..., Any] | None" = None
+
+
+def learn_limits(accelerator: "ModuleType | None") -> None:
+    """Find how to place ours above the soft limit, before tracing starts (our start-up's imports are
+    held back from the program: tracing/handback.py). Without the accelerator that takes the resource
+    module, a file's import: only where the soft limit leaves such room to find."""
+    global _open_files_limit
+    if accelerator is not None:
+        _open_files_limit = accelerator.open_files_limit
+        return
+    try:
+        if os.sysconf("SC_OPEN_MAX") >= _ABOVE_FD:
+            return
+        import resource
+    except (ImportError, OSError, ValueError):
+        return
+
+    def open_files_limit(soft: int = -1) -> "tuple[int, int] | None":
+        limits = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft < 0:
+            return limits
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, limits[1]))
+        return None
+
+    _open_files_limit = open_files_limit
 
 
 def high_descriptor(fd: int) -> int:
-    """FD moved to a free number just below _HIGH_FD, close-on-exec; FD itself when none is free.
+    """FD moved to a free number out of the program's reach, close-on-exec; FD itself when none is free.
 
+    Above the soft limit only while the program runs no thread of its own (_thread's count): the limit is
+    raised for the moment of the dup2, and a program's own setrlimit meanwhile would be undone.
     os.dup2 onto a number found free, not fcntl's F_DUPFD: importing fcntl here would
     hide the program's own `import fcntl` from the log.
     """
+    limit, moved = _open_files_limit, fd
+    if limit is not None and _thread._count() == 0:
+        try:
+            soft, hard = limit()
+            top = _ABOVE_FD if hard < 0 else min(hard, _ABOVE_FD)  # (a hard limit of -1: none)
+            if 0 <= soft < top:
+                limit(top)
+                try:
+                    moved = _move(fd, top - 1, max(soft - 1, fd))
+                finally:
+                    limit(soft)
+        except OSError:
+            pass
+    if moved != fd:
+        return moved
     try:
         top = min(os.sysconf("SC_OPEN_MAX"), _HIGH_FD) - 1
     except (OSError, ValueError):
         return fd
-    for number in range(top, max(fd, top - 64), -1):
+    return _move(fd, top, max(fd, top - 64))
+
+
+def _move(fd: int, top: int, bottom: int) -> int:
+    """FD moved to the highest free number from TOP down to above BOTTOM, close-on-exec; FD when none is."""
+    for number in range(top, bottom, -1):
         try:
             os.fstat(number)
             continue  # in use

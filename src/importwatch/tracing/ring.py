@@ -15,6 +15,7 @@ knows how many (RingReader.read).
 
 import _thread
 import os
+import sys
 
 from importwatch.tracing.descriptors import close_if_ours, high_descriptor, identity
 
@@ -38,13 +39,18 @@ def create(
     Mapped by the C accelerator (SPEEDUPS) when built: `import mmap` would cost the
     program's start-up half a millisecond, and mmap is not ours to import early. Else mmap
     comes through IMPORT_OWN (Tracer.import_own): in a fork child, whose tracing is on, an
-    import statement here would be a line of the program's.
+    import statement here would be a line of the program's. An mmap keeps a copy of the
+    descriptor it maps, at the lowest free number, one the program would get next, unless
+    told not to (trackfd, Python 3.13 on): before 3.13 the pure twin keeps that copy
+    (docs/limits.md).
     """
     fd = os.memfd_create(_NAME, os.MFD_CLOEXEC)
     try:
         os.ftruncate(fd, HEADER + SIZE)
         if speedups is not None:
             mapping = speedups.shared_memory(fd, HEADER + SIZE)
+        elif sys.version_info >= (3, 13):
+            mapping = import_own("mmap").mmap(fd, HEADER + SIZE, trackfd=False)
         else:
             mapping = import_own("mmap").mmap(fd, HEADER + SIZE)
     except BaseException:

@@ -16,6 +16,7 @@ from importwatch.events import FORK, IMPORT, PHASE, STEP
 from importwatch.facts import procstat
 from importwatch.tracing import banner, phases
 from importwatch.tracing.accelerator import ACCELERATOR
+from importwatch.tracing.descriptors import learn_limits
 from importwatch.tracing.doors import Doors
 from importwatch.tracing.faults import SharedFaulthandler
 from importwatch.tracing.handback import Held
@@ -55,6 +56,7 @@ class Session:
 
     def __init__(self, settings: "Settings", stderr_fd: int = 2) -> None:
         self.settings = settings
+        learn_limits(ACCELERATOR)  # before our first descriptor: where ours may go
         self.sink = Sink(stderr_fd)
         self.sink.set_stderr(settings.stderr)
         self.sink.on_lost = self._descriptor_lost
