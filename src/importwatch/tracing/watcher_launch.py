@@ -338,13 +338,14 @@ def _pipe(accelerator: "Any", import_own: "Callable[[str], Any]") -> "tuple[int,
 
 
 def _above_stdio(fd: int) -> int:
-    """FD, or a close-on-exec copy above 2 in its place: the watcher-to-be puts /dev/null on 0 and 1.
+    """A close-on-exec copy of FD in its place, where our other descriptors go (descriptors.py), never at
+    0, 1 or 2: the watcher-to-be puts /dev/null on 0 and 1.
 
-    The copy goes where our other descriptors go (just below fd 1024): no fcntl's F_DUPFD, whose
-    import would be one more module at start-up, or an import in a fork child's log.
+    Even those that the watcher's start closes again take no number of the program's while the
+    program runs beside that start (its first files would get other numbers, a scan would find them).
+    No fcntl's F_DUPFD, whose import would be one more module at start-up, or an import in a fork
+    child's log.
     """
-    if fd > 2:
-        return fd
     moved = high_descriptor(fd)
     if moved <= 2:
         os.close(moved)
