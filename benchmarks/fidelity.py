@@ -4,12 +4,16 @@
                                   [--cache DIR]
 
 SUITE is any of six, more-itertools, click, packaging, markupsafe, jinja2, attrs, python-dateutil,
-numpy, pytest (default: all). For each, the pinned sdist is fetched from the package index with
+numpy, psutil, msgpack, pytest, cpython (default: all). For each, the pinned sdist is fetched from the package index with
 `pip download --no-binary :all: --no-deps` (kept in the cache folder), unpacked, and its test
 requirements are installed into a venv of its own, with this checkout of importwatch installed
 editable. numpy is the exception: an sdist of numpy needs a long build, so its wheel is installed
 and the tests it ships (`numpy/_core/tests/test_multiarray.py`, `test_multithreading.py`) run as
-`pytest --pyargs` from an empty folder. markupsafe must have built its C speedups (its tests run
+`pytest --pyargs` from an empty folder. cpython is the running interpreter's own regression tests
+(its `test` package, run by `python -m test -j2`, which writes the same JUnit XML) in a venv that
+holds nothing but importwatch: the import system, threads, signals, descriptors, subprocesses and
+subinterpreters, each tested by the people who wrote them; the plugin mode does not apply to it, and
+a few files are left out (GUI, network, and those that take many minutes). markupsafe must have built its C speedups (its tests run
 both implementations): a venv without them is a setup failure. The suite then runs once per mode,
 each in a fresh copy of the unpacked sources:
 
@@ -57,7 +61,19 @@ class Suite(NamedTuple):
     deps: tuple[str, ...]  # test requirements; "." is the project itself, "[x]" its extra
     wheel: bool = False  # installed from its wheel (in deps); tests are the modules it ships
     check: str = ""  # python code that must run in the venv once installed (a C extension built)
+    regrtest: bool = False  # CPython's own tests: `python -m test TESTS`, no pytest, no plugin mode
 
+
+# The files of the interpreter's test package that the cpython suite leaves out: GUI (tkinter, idle,
+# turtle), the network (test_socket waits out its 10-minute limit here), a build tree (embed, tools,
+# peg_generator, gdb), and the longest (asyncio, concurrent_futures, multiprocessing's, venv, ensurepip,
+# lib2to3, unparse, regrtest's own).
+CPYTHON_LEFT_OUT = (
+    "test_socket", "test_embed", "test_tools", "test_peg_generator", "test_venv", "test_ensurepip", "test_idle",
+    "test_tkinter", "test_ttk", "test_ttk_textonly", "test_turtle", "test_gdb", "test_distutils",
+    "test_concurrent_futures", "test_multiprocessing_fork", "test_multiprocessing_forkserver",
+    "test_multiprocessing_spawn", "test_asyncio", "test_lib2to3", "test_unparse", "test_regrtest",
+)  # fmt: skip
 
 SUITES: dict[str, Suite] = {
     "six": Suite("six==1.17.0", ("test_six.py",), ("pytest",)),
@@ -93,6 +109,9 @@ SUITES: dict[str, Suite] = {
     "msgpack": Suite("msgpack==1.1.2", ("test",), ("pytest", "."), check="import msgpack._cmsgpack"),
     # pytest's own suite runs against the pytest built from the same sdist, with its dev extra.
     "pytest": Suite("pytest==9.2.0", ("testing",), (".[dev]",)),
+    "cpython": Suite(
+        f"cpython=={sys.version.split()[0]}", ("-x", *CPYTHON_LEFT_OUT), (), wheel=True, regrtest=True
+    ),
 }
 
 MODES = ("plain", "env", "plugin", "runner")
@@ -177,7 +196,8 @@ def prepare(name: str, suite: Suite, sdist: Path | None, cache: Path) -> Path:
         if subprocess.run([sys.executable, "-m", "venv", str(venv)]).returncode != 0:
             raise SetupError(f"could not make a venv at {venv}")
         source = unpack(sdist, cache / "build" / name) if sdist is not None else None
-        pip(python, "install", *(str(source) + d[1:] if d.startswith(".") else d for d in suite.deps))
+        if suite.deps:
+            pip(python, "install", *(str(source) + d[1:] if d.startswith(".") else d for d in suite.deps))
         shutil.rmtree(cache / "build" / name, ignore_errors=True)
         if suite.check and subprocess.run([str(python), "-c", suite.check]).returncode != 0:
             raise SetupError(f"{name} is installed without what its suite needs: {suite.check!r} failed")
@@ -188,6 +208,9 @@ def prepare(name: str, suite: Suite, sdist: Path | None, cache: Path) -> Path:
 
 
 def command(mode: str, python: Path, suite: Suite, xml: Path) -> list[str]:
+    if suite.regrtest:  # its workers are children: traced as any child is
+        regrtest = ["-m", "test", "-j2", "--timeout", "600", f"--junit-xml={xml}", *suite.tests]
+        return [str(python), *(["-m", "importwatch"] if mode == "runner" else []), *regrtest]
     # Each mode runs in a fresh copy of the sources, so pytest's cache cannot carry over.
     pytest_args = [*(["--pyargs"] if suite.wheel else []), *suite.tests, "-q", f"--junitxml={xml}"]
     if mode == "plugin":
@@ -320,11 +343,12 @@ def main() -> int:
         runs = {
             mode: run_mode(mode, name, suite, sdist, python, work, options.limit, options.stderr)
             for mode in modes
+            if not (suite.regrtest and mode == "plugin")
         }
         plain = runs["plain"]
         cells = []
         lines = []
-        for mode in modes:
+        for mode in runs:
             run = runs[mode]
             if run.note:
                 failed = True
