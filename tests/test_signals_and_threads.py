@@ -241,3 +241,46 @@ print(len(os.listdir("/proc/self/task")))
 """
     for name, run in three_ways(["-c", code], tmp_path).items():
         assert (run.returncode, run.stdout) == (0, "1\n"), (name, run.stderr)
+
+
+# -- an asynchronous exception the program raises in its own thread ------------------------------------
+ASYNC_EXCEPTION_AFTER_AN_IMPORT = """
+import ctypes, importlib, os, threading, time
+set_async_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc
+set_async_exc.argtypes = (ctypes.c_ulong, ctypes.py_object)
+class AsyncExc(Exception):
+    pass
+lost = 0
+for i in range(20):
+    pid = os.fork()
+    if pid == 0:  # a fork child's first step starts our heartbeat, as any step after an idle spell does
+        importlib.import_module(f"mod_{i}")
+        try:
+            set_async_exc(threading.get_ident(), ctypes.py_object(AsyncExc))
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:
+                pass
+        except AsyncExc:
+            os._exit(0)
+        os._exit(3)
+    lost += os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) != 0
+print("lost", lost)
+"""
+
+
+@pytest.mark.parametrize("pure", ["0", "1"], ids=["C", "pure"])
+def test_an_asynchronous_exception_the_program_aims_at_its_own_thread_reaches_it(
+    tmp_path: Path, pure: str
+) -> None:
+    """CPython's own test_threading hung under the runner: before 3.12 a new thread's state carries its
+    starter's ident until it runs, so the program's PyThreadState_SetAsyncExc, right after an import that
+    started our heartbeat, ended the heartbeat instead of raising in the program's thread."""
+    _write(
+        tmp_path,
+        **{f"mod_{i}.py": f"X = {i}\n" for i in range(20)},
+        **{"prog.py": ASYNC_EXCEPTION_AFTER_AN_IMPORT},
+    )
+    runs = three_ways(["prog.py"], tmp_path, IMPORTWATCH_STDERR="stalls", IMPORTWATCH_PURE=pure)
+    for name, run in runs.items():
+        assert (run.returncode, run.stdout) == (0, "lost 0\n"), (name, run.stderr)
+        assert run.stderr == "", (name, run.stderr)

@@ -9,11 +9,16 @@ faulthandler's timer thread blocks every signal itself, but only once it runs; a
 
 import _signal  # not signal: that one imports enum at start-up
 import _thread
+import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable
 
+# Before 3.12 a new thread's state carries its starter's ident until the thread runs: a program's
+# PyThreadState_SetAsyncExc aimed at the starting thread (its own) could land in ours and end it. So
+# a starter that may be the program's thread waits until ours runs (Watchdog._start_heartbeat).
+BORROWS_IDENT = sys.version_info < (3, 12)
 # SIGKILL and SIGSTOP cannot be blocked (the kernel ignores them in a mask), nor glibc's own two.
 _EVERY = frozenset(_signal.valid_signals())
 

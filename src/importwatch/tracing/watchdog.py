@@ -135,15 +135,14 @@ class Watchdog:
         named = _thread.allocate_lock()  # held until the heartbeat has named itself
         named.acquire()
         threads.start(self._heartbeat, (self._generation, self._gone, named))  # every signal blocked
-        if tasks is not None:
-            # Told now, for the watcher: the heartbeat names itself only once it runs, and a program that
-            # holds the GIL from its first import on (a hung dlopen) never lets it. Where another thread
-            # came meanwhile (the program's, faulthandler's timer), the GIL is given up for it to do so.
-            new = procstat.tasks() - tasks
-            if len(new) == 1:
-                self.sink.feed_line(f"#thread importwatch-heartbeat {new.pop()}")
-            else:
-                named.acquire(timeout=_NAMED_WAIT)
+        # Told now, for the watcher: the heartbeat names itself only once it runs, and a program that holds
+        # the GIL from its first import on (a hung dlopen) never lets it. Where another thread came meanwhile
+        # (the program's, faulthandler's timer), the GIL is given up for it to do so; before 3.12, always.
+        new = () if tasks is None else procstat.tasks() - tasks
+        if len(new) == 1:
+            self.sink.feed_line(f"#thread importwatch-heartbeat {next(iter(new))}")
+        if threads.BORROWS_IDENT or (tasks is not None and len(new) != 1):
+            named.acquire(timeout=_NAMED_WAIT)
 
     def wake_up(self) -> None:
         """The first step since a fork: start the heartbeat (and the child's own start, on_wake)."""
