@@ -66,26 +66,30 @@ def high_descriptor(fd: int) -> int:
     os.dup2 onto a number found free, not fcntl's F_DUPFD: importing fcntl here would
     hide the program's own `import fcntl` from the log.
     """
-    limit, moved = _open_files_limit, fd
-    if limit is not None and _thread._count() == 0:
-        try:
-            soft, hard = limit()
-            top = _ABOVE_FD if hard < 0 else min(hard, _ABOVE_FD)  # (a hard limit of -1: none)
-            if 0 <= soft < top:
-                limit(top)
-                try:
-                    moved = _move(fd, top - 1, max(soft - 1, fd))
-                finally:
-                    limit(soft)
-        except OSError:
-            pass
-    if moved != fd:
-        return moved
+    limit = _open_files_limit
     try:
-        top = min(os.sysconf("SC_OPEN_MAX"), _HIGH_FD) - 1
+        soft, hard = limit() if limit is not None else (os.sysconf("SC_OPEN_MAX"), -1)
     except (OSError, ValueError):
         return fd
+    top = _ABOVE_FD if hard < 0 else min(hard, _ABOVE_FD)  # (a hard limit of -1: none, or unknown)
+    if limit is not None and 0 <= soft < top and _thread._count() == 0:
+        moved = _above_limit(fd, limit, soft, top)
+        if moved != fd:
+            return moved
+    top = min(soft, _HIGH_FD) - 1
     return _move(fd, top, max(fd, top - 64))
+
+
+def _above_limit(fd: int, limit: "Callable[..., Any]", soft: int, top: int) -> int:
+    """FD moved above the soft limit SOFT, raised to TOP for that moment and put back; FD where it cannot be."""
+    try:
+        limit(top)
+    except OSError:
+        return fd
+    try:
+        return _move(fd, top - 1, max(soft - 1, fd))
+    finally:
+        limit(soft)  # lowered again: never refused
 
 
 def _move(fd: int, top: int, bottom: int) -> int:

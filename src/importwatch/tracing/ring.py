@@ -17,7 +17,7 @@ import _thread
 import os
 import sys
 
-from importwatch.tracing.descriptors import close_if_ours, high_descriptor, identity
+from importwatch.tracing.descriptors import close_if_ours, identity
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -138,8 +138,8 @@ class Feed:
 
     No system call per line, and a slow or dead watcher costs nothing: the ring
     just turns over. Lines starting with "#" are for the watcher only: `#thread
-    NAME TID`, `#mapped PATH`, `#exit`. FD, the pipe's write end, is written
-    nothing: its end tells the watcher this process has gone (or exec'd), and its
+    NAME TID`, `#mapped PATH`, `#exit`. FD, the pipe's write end (placed where ours go by
+    watcher_launch), is written nothing: its end tells the watcher this process has gone (or exec'd), and its
     lock is how the exit silences the watcher (watcher_launch.hush). The read end is
     the watcher's alone: with nothing written, no SIGPIPE can come of its death.
     """
@@ -149,7 +149,7 @@ class Feed:
     def __init__(
         self, fd: int, ring: "Ring", starting: "Callable[[float], int | None] | None" = None
     ) -> None:
-        self.fd = high_descriptor(fd)
+        self.fd = fd
         self.ident = identity(self.fd)
         self.ring = ring
         self.closed = False  # closed under us: the program closed its pipe, and the watcher has gone
