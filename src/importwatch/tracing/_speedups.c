@@ -16,7 +16,8 @@
    (sink.py) would, in the common case (fast_emit); the rest goes through emit.
    The rare paths call back into the tracer's Python helpers (an on_start hook, a
    thread's first step, the end line of a failed import, our own failures); none
-   of them runs while the module body does. */
+   of them runs while the module body does, and the program's trace and profile
+   functions see none of them (_speedups_untraced.h). */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -119,102 +120,44 @@ static int counted_setattro(PyObject *object, PyObject *name, PyObject *value); 
 #include "_speedups_guards.h" /* guards_hold: our descriptors, looked at without the sink's check */
 #include "_speedups_spawn.h" /* spawn_detached: the watcher started by a thread of ours, without a copy of the program */
 #include "_speedups_cover.h" /* deadline_covered: a thread's first step within tracer.cover calls nothing */
+#include "_speedups_untraced.h" /* our Python code unseen by the program's trace and profile functions */
 #include "_speedups_stand_in.h" /* what the hook and a Door show of the function they stand for */
 #include "_speedups_door.h" /* Door: doors.py's wrappers, no frame of theirs while the function runs */
 #include "_speedups_follow.h" /* Follower: sys.stderr's write and flush, the sink's note of unended lines */
 #include "_speedups_elf.h" /* read_dynamic and the loader's list: a native load's facts, read in C */
 #include "_speedups_keep.h" /* keep_to_the_end: our functions out of the collector's passes at exit */
 #include "_speedups_limits.h" /* open_files_limit: where our descriptors may be placed */
+#include "_speedups_chain.h" /* a thread's chain: its first step, a step taken out */
 
 /* -- the hook -------------------------------------------------------------------------------- */
-static PyObject *call_original(Hook *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
-    return PyObject_Vectorcall(self->original, args, nargsf, kwnames);
-}
-
-/* This thread's kernel id: a system call (gettid) the first time on each thread, then kept. Only a fork
-   changes it, for the one thread the child has: the child forgets it (forget_tid, from pthread_atfork). */
-#if defined(__GNUC__)
-static __thread unsigned long own_tid;
-static void forget_tid(void) {
-    own_tid = 0;
-}
-static unsigned long native_tid(void) {
-    if (own_tid == 0) {
-        own_tid = PyThread_get_thread_native_id();
-    }
-    return own_tid;
-}
-#else
-#define native_tid PyThread_get_thread_native_id
-#endif
-
-/* A thread's first step: its chain, its kernel id, a look at our descriptors, and the watchdog told. */
-RARE static PyObject *first_stack(Hook *self, PyObject *key) {
-    PyObject *stack = PyList_New(0);
-    if (stack == NULL || PyDict_SetItem(self->stacks, key, stack) < 0) {
-        Py_XDECREF(stack);
-        return NULL;
-    }
-    PyObject *native = PyLong_FromUnsignedLong(native_tid());
-    int failed = native == NULL || PyDict_SetItem(self->native_ids, key, native) < 0;
-    Py_XDECREF(native);
-    int hold = failed ? -1 : guards_hold(self);
-    PyObject *result = NULL;
-    if (hold > 0) {
-        result = Py_None;
-        Py_INCREF(result);
-    } else if (hold == 0) {
-        result = PyObject_CallMethodNoArgs(self->sink, s_check_descriptors);
-    }
-    if (result == NULL) {
-        Py_DECREF(stack);
-        return NULL;
-    }
-    Py_DECREF(result);
-    PyObject *on_deadline = tracer_get(self, s_on_deadline);
-    if (on_deadline == NULL) {
-        Py_DECREF(stack);
-        return NULL;
-    }
-    if (on_deadline != Py_None && !deadline_covered(self)) {
-        result = PyObject_CallOneArg(on_deadline, Py_None);
-        if (result == NULL) {
-            Py_DECREF(on_deadline);
-            Py_DECREF(stack);
-            return NULL;
-        }
-        Py_DECREF(result);
-    }
-    Py_DECREF(on_deadline);
-    return stack;
-}
-
-/* FRAME out of STACK, by identity, wherever it is (a re-entrant import or a fork may have moved it). */
-RARE static int take_out(PyObject *stack, PyObject *frame) {
-    for (Py_ssize_t i = PyList_GET_SIZE(stack) - 1; i >= 0; i--) {
-        if (PyList_GET_ITEM(stack, i) == frame) {
-            return PyList_SetSlice(stack, i, i + 1, NULL);
-        }
-    }
-    return 0;
-}
+static PyObject *hook_steps(Hook *self, PyThreadState *tstate, PyObject *const *args, size_t nargsf);
 
 static PyObject *hook_call(PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     Hook *self = (Hook *)callable;
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     if (nargs != 2 || kwnames != NULL || !PyUnicode_Check(args[0])) {
-        return call_original(self, args, nargsf, kwnames); /* not a call the import machinery makes */
+        return PyObject_Vectorcall(self->original, args, nargsf, kwnames); /* not a call the import machinery makes */
     }
-    PyObject *name = args[0];
     PyObject *modules = sys_modules(the_sys); /* as the closure reads it, at each import */
     if (modules == NULL) {
         return NULL;
     }
-    int loaded = PySequence_Contains(modules, name);
+    int loaded = PySequence_Contains(modules, args[0]);
     Py_DECREF(modules);
     if (loaded != 0) { /* importlib.import_module of a loaded module, or a lock wait */
-        return loaded < 0 ? NULL : call_original(self, args, nargsf, NULL);
+        return loaded < 0 ? NULL : PyObject_Vectorcall(self->original, args, nargsf, NULL);
     }
+    /* Ours, unseen by the program's trace functions, all but the import itself (_speedups_untraced.h). */
+    PyThreadState *tstate = PyThreadState_Get();
+    untraced_enter(tstate);
+    PyObject *module = hook_steps(self, tstate, args, nargsf);
+    untraced_leave(tstate);
+    return module;
+}
+
+/* The import of ARGS[0], not loaded: its step pushed, its lines, the original called, its step popped. */
+static PyObject *hook_steps(Hook *self, PyThreadState *tstate, PyObject *const *args, size_t nargsf) {
+    PyObject *name = args[0];
     PyObject *shown = shown_name(self, name);
     if (shown == NULL) {
         return NULL;
@@ -232,7 +175,7 @@ static PyObject *hook_call(PyObject *callable, PyObject *const *args, size_t nar
         Py_DECREF(answer);
         if (skip) {
             Py_DECREF(shown);
-            return call_original(self, args, nargsf, NULL);
+            return traced_call(tstate, self->original, args, nargsf, NULL);
         }
     } else if (PyErr_Occurred()) {
         Py_DECREF(shown);
@@ -296,7 +239,7 @@ static PyObject *hook_call(PyObject *callable, PyObject *const *args, size_t nar
             goto ended;
         }
     }
-    module = call_original(self, args, nargsf, NULL);
+    module = traced_call(tstate, self->original, args, nargsf, NULL);
 
 ended:
     if (module == NULL) {
@@ -558,7 +501,7 @@ static PyMethodDef methods[] = {
      "duration_text(ms): an end line's tail, as the hook writes it (f\" {ms:.3f} ms\"): for the twins' test."},
     {"shared_memory", shared_memory, METH_VARARGS,
      "shared_memory(fd, size): SIZE bytes of FD mapped shared and writable, as a buffer (ring.create)."},
-    ELF_METHODS KEEP_METHODS LIMITS_METHODS{NULL, NULL, 0, NULL},
+    ELF_METHODS KEEP_METHODS LIMITS_METHODS UNTRACED_METHODS{NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module_def = {

@@ -8,6 +8,9 @@
  * (which decides, puts the event in flight and writes its start line) before the function and
  * LEAVE (which ends the event and writes its end line) after it, and neither is on the stack
  * while the function runs. ENTER returning None means no event: the function is called as is.
+ * ENTER and LEAVE are ours, unseen by the program's trace and profile functions; the function is
+ * the program's, seen by them as under plain python. A door with no ENTER (hook.hidden) stands
+ * for a function of ours, all of it unseen.
  *
  * With STACKS (a loader's exec_module), the call that an import statement makes for the module
  * on top of this thread's chain is read here and passes straight through: no call of ENTER.
@@ -56,13 +59,26 @@ static int door_passes(Door *self, PyObject *const *args, Py_ssize_t nargs) {
     return passes;
 }
 
+/* ENTER or LEAVE: ours, unseen by the program's trace and profile functions (_speedups_untraced.h). */
+static PyObject *door_ours(PyThreadState *tstate, PyObject *callable, PyObject *const *args, size_t nargsf,
+                           PyObject *kwnames) {
+    untraced_enter(tstate);
+    PyObject *result = PyObject_Vectorcall(callable, args, nargsf, kwnames);
+    untraced_leave(tstate);
+    return result;
+}
+
 static PyObject *door_call(PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     Door *self = (Door *)callable;
+    PyThreadState *tstate = PyThreadState_Get();
+    if (self->enter == Py_None) { /* a function of ours in the place of another (hook.hidden): ours, all of it */
+        return door_ours(tstate, self->original, args, nargsf, kwnames);
+    }
     int passes = door_passes(self, args, PyVectorcall_NARGS(nargsf));
     if (passes != 0) {
         return passes < 0 ? NULL : PyObject_Vectorcall(self->original, args, nargsf, kwnames);
     }
-    PyObject *token = PyObject_Vectorcall(self->enter, args, nargsf, kwnames);
+    PyObject *token = door_ours(tstate, self->enter, args, nargsf, kwnames);
     if (token == NULL) {
         return NULL;
     }
@@ -76,7 +92,7 @@ static PyObject *door_call(PyObject *callable, PyObject *const *args, size_t nar
         save_error(&error);
     }
     PyObject *pair[2] = {token, error.value ? error.value : Py_None};
-    PyObject *left = PyObject_Vectorcall(self->leave, pair, 2, NULL);
+    PyObject *left = door_ours(tstate, self->leave, pair, 2, NULL);
     Py_DECREF(token);
     if (left == NULL) { /* ours propagates, as from a finally clause, the function's error its context */
         Py_XDECREF(result);
@@ -157,7 +173,7 @@ static PyTypeObject BuiltinDoorType = {
 };
 
 /* door(original, enter, leave, stacks, binds=True): ORIGINAL with ENTER and LEAVE around it, no frame of
-   its own; bound by an instance, as a function is, only where BINDS. */
+   its own; bound by an instance, as a function is, only where BINDS. ENTER and LEAVE None: ORIGINAL is ours. */
 static PyObject *make_door(PyObject *module, PyObject *args) {
     (void)module;
     PyObject *original, *enter, *leave, *stacks;

@@ -28,7 +28,7 @@ import sys
 
 from importwatch.events import IMPORT, IMPORT_END
 from importwatch.tracing.forklocks import forgotten_in_parent, note_locks_at_fork, owner_text
-from importwatch.tracing.hook import WAITING, FunctionType, TracedStep, as_importlib_frame, door
+from importwatch.tracing.hook import WAITING, FunctionType, TracedStep, as_importlib_frame, door, hidden
 from importwatch.tracing.sink import CLOCKS
 
 _OURS = ("importwatch.", "_importwatch_boot")  # the package itself is imported before tracing starts
@@ -91,7 +91,10 @@ class Doors:
         global _fork_hooks
         if not _fork_hooks:  # once per process: fork hooks cannot be taken back
             _fork_hooks = True
-            os.register_at_fork(before=note_locks_at_fork, after_in_parent=forgotten_in_parent)
+            os.register_at_fork(
+                before=hidden(note_locks_at_fork, binds=False),
+                after_in_parent=hidden(forgotten_in_parent, binds=False),
+            )
         lock_unlock = getattr(_bootstrap, "_lock_unlock_module", None)
         if lock_unlock is not None:
             self._replace(_bootstrap, "_lock_unlock_module", self._make_wait(lock_unlock))

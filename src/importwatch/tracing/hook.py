@@ -221,6 +221,17 @@ def door(
     return made
 
 
+def hidden(function: "Callable", binds: bool = True) -> "Callable":
+    """FUNCTION, ours, where the program or the interpreter calls it (a loader's create_module, a fork or exit
+    hook): with the C accelerator a Door that runs all of it unseen by the program's trace and profile
+    functions, as CPython runs a trace function's own calls, so that a debugger's step, `trace --count` or
+    a coverage tool never enters ours (_speedups_untraced.h); what it calls of the program's through
+    ACCELERATOR.traced is seen again. Without the accelerator FUNCTION itself, seen (docs/limits.md).
+    Bound by an instance where BINDS, as a function is."""
+    make = getattr(ACCELERATOR, "door", None)
+    return function if make is None else make(function, None, None, None, binds)
+
+
 class Tracer:
     """Keeps the imports in flight per thread and reports their start and end to the sink."""
 

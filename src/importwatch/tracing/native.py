@@ -12,7 +12,7 @@ import sys
 
 from importwatch.events import NATIVE, NATIVE_END, VERDICT
 from importwatch.tracing.accelerator import ACCELERATOR
-from importwatch.tracing.hook import as_importlib_frame
+from importwatch.tracing.hook import as_importlib_frame, hidden
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -34,8 +34,19 @@ if TYPE_CHECKING:
 FIRST_FACTS = ("importwatch.facts.libnames", "importwatch.facts.mapped")
 
 
-def _call(function: "Callable", *args: "Any") -> "Any":
-    return function(*args)
+# The load itself is the program's: its constructors and a module's init, seen again by the program's trace
+# functions (hook.hidden). None without the C accelerator, where nothing of ours is hidden from them.
+_traced = getattr(ACCELERATOR, "traced", None)
+
+if _traced is None:
+
+    def _call(function: "Callable", *args: "Any") -> "Any":
+        return function(*args)
+
+else:
+
+    def _call(function: "Callable", *args: "Any") -> "Any":
+        return _traced(function, *args)
 
 
 def _named_call(path: str, owner: str) -> "Callable":
@@ -91,8 +102,8 @@ class NativeLoads:
                 return loads.load(original, (loader, spec), spec.origin, spec.name)
 
             # Under create_module's own globals (its frame reads only its closure): see as_importlib_frame.
-            _external.ExtensionFileLoader.create_module = as_importlib_frame(
-                create_module, stands_for=original
+            _external.ExtensionFileLoader.create_module = hidden(
+                as_importlib_frame(create_module, stands_for=original)
             )
         ctypes = sys.modules.get("ctypes")
         if ctypes is not None:
@@ -128,7 +139,7 @@ class NativeLoads:
                 raise
 
         self._ctypes, self._ctypes_dlopen = ctypes, original
-        ctypes._dlopen = _dlopen
+        ctypes._dlopen = hidden(_dlopen, binds=False)
 
     def load(self, function: "Callable", args: tuple, path: str, owner: str) -> "Any":
         """Call FUNCTION(*ARGS), which dlopens PATH for OWNER, between a start and an end line.

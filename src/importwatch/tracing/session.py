@@ -20,7 +20,7 @@ from importwatch.tracing.descriptors import learn_limits
 from importwatch.tracing.doors import Doors
 from importwatch.tracing.faults import SharedFaulthandler
 from importwatch.tracing.handback import Held
-from importwatch.tracing.hook import NEVER, NO_COVER, Tracer, as_importlib_frame
+from importwatch.tracing.hook import NEVER, NO_COVER, Tracer, as_importlib_frame, hidden
 from importwatch.tracing.native import NativeLoads
 from importwatch.tracing.sink import CLOCKS, Sink
 from importwatch.tracing.standby import Standby
@@ -351,7 +351,7 @@ class Session:
             tracing._first_event()
             return tracer.push(*args, **kwargs)
 
-        first = as_importlib_frame(_find_and_load) if self.tracer.installed else None
+        first = hidden(as_importlib_frame(_find_and_load), binds=False) if self.tracer.installed else None
         self._first_hooks = (first, inner, event, push)
         if first is not None:
             _bootstrap._find_and_load = first
@@ -580,11 +580,12 @@ def _register_process_hooks() -> None:
     _process_hooks = True
     import atexit
 
-    atexit.register(_at_exit)
+    # Each unseen by the program's trace and profile functions (a debugger, a coverage tool: hook.hidden).
+    atexit.register(hidden(_at_exit, binds=False))
     os.register_at_fork(
-        before=_before_fork,
-        after_in_parent=lambda: _after_fork(False),
-        after_in_child=lambda: _after_fork(True),
+        before=hidden(_before_fork, binds=False),
+        after_in_parent=hidden(lambda: _after_fork(False), binds=False),
+        after_in_child=hidden(lambda: _after_fork(True), binds=False),
     )
 
 

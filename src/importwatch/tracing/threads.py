@@ -11,6 +11,8 @@ import _signal  # not signal: that one imports enum at start-up
 import _thread
 import sys
 
+from importwatch.tracing.accelerator import ACCELERATOR
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable
@@ -21,6 +23,8 @@ if TYPE_CHECKING:
 BORROWS_IDENT = sys.version_info < (3, 12)
 # SIGKILL and SIGSTOP cannot be blocked (the kernel ignores them in a mask), nor glibc's own two.
 _EVERY = frozenset(_signal.valid_signals())
+# Runs a function unseen by trace and profile functions (_speedups_untraced.h); None without C.
+_UNTRACED = getattr(ACCELERATOR, "untraced", None)
 
 
 def masked(function: "Callable[..., Any]", *args: "Any", **kwargs: "Any") -> "Any":
@@ -37,5 +41,9 @@ def masked(function: "Callable[..., Any]", *args: "Any", **kwargs: "Any") -> "An
 
 
 def start(function: "Callable[..., Any]", args: tuple = ()) -> int:
-    """Start FUNCTION(*ARGS) in a new thread that blocks every signal; returns its ident."""
+    """Start FUNCTION(*ARGS) in a new thread that blocks every signal; returns its ident. With the C
+    accelerator all the thread runs is unseen by trace and profile functions, the program's own (3.12's
+    threading.settrace_all_threads and sys.monitoring reach every thread) included."""
+    if _UNTRACED is not None:
+        function, args = _UNTRACED, (function, *args)
     return masked(_thread.start_new_thread, function, args)

@@ -1,0 +1,138 @@
+"""A program's trace and profile functions (a debugger, `trace`, a coverage tool, a profiler) see what they
+see under plain python, side by side (plain, runner, IMPORTWATCH=1): with the C accelerator none of
+importwatch's functions, in the program's threads or in ours, and every one of the program's own."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers import clean_env
+from test_accelerator import BUILT, C
+from test_side_by_side import RUNNER
+
+pytestmark = [
+    pytest.mark.timeout(180),
+    pytest.mark.slow,  # every test here starts processes
+    pytest.mark.skipif(
+        not BUILT, reason="the C accelerator hides our functions; the pure twin cannot (limits.md)"
+    ),
+]
+
+# What pdb prints where it stops: "> FILE(LINE)FUNCTION()", the value a return gives left out (an address).
+_STOP = re.compile(r"> (.*?\(\d+\)[^(]*)\(\)")
+
+
+def _ways(args: list[str]) -> dict[str, tuple[list[str], dict[str, str]]]:
+    quiet = {"IMPORTWATCH_STDERR": "none", **C}
+    return {
+        "plain": ([sys.executable, *args], clean_env(**C)),
+        "runner": ([*RUNNER, "--stderr", "none", *args], clean_env(**C)),
+        "IMPORTWATCH=1": ([sys.executable, *args], clean_env(IMPORTWATCH="1", **quiet)),
+    }
+
+
+def test_a_debuggers_steps_through_a_native_import_stop_where_they_stop_under_plain_python(
+    tmp_path: Path,
+) -> None:
+    """pdb's `step`, 1,500 times from `import _csv`: through importlib's frames, the finders, the
+    extension's load. importwatch's hook, its doors and its native load's wrapper (which read the file's
+    ELF facts and write the lines) run in that thread in between; the debugger never stops in them."""
+    (tmp_path / "prog.py").write_text("import _csv\nprint('done')\n")
+    commands = "s\n" * 1500 + "c\n"
+    stops = {}
+    for name, (command, env) in _ways(["-m", "pdb", "prog.py"]).items():
+        run = subprocess.run(
+            command, cwd=tmp_path, env=env, input=commands, capture_output=True, text=True, timeout=120
+        )
+        assert run.returncode == 0, (name, run.stderr[-2000:])
+        stops[name] = _STOP.findall(run.stdout)
+        assert len(stops[name]) > 1000, (name, run.stdout[-2000:])
+        assert not [stop for stop in stops[name] if "importwatch" in stop], name
+    assert any("create_module" in stop for stop in stops["plain"])  # it got as far as the load
+    assert stops["runner"] == stops["plain"]
+    assert stops["IMPORTWATCH=1"] == stops["plain"]
+
+
+# Every kind of call a program's tool can be told of, around every place where importwatch runs
+# Python in the program's threads: a thread's first import, native loads (the first one reads our
+# facts modules), a ctypes load in a thread of the program's, a loader's body run by importlib.util
+# (a door), runpy, a fork (our fork hooks, and the child's first import starting it), the exit, and a
+# spell in which our heartbeat beats (3.12 on: settrace_all_threads and sys.monitoring reach it).
+TOOLS_PROGRAM = """
+import os, sys, threading, time
+seen = []
+def note(kind, code):
+    seen.append(f"{kind} {code.co_filename} {code.co_name}")
+def tracer(frame, event, arg):
+    if event == "call":
+        note("trace", frame.f_code)
+    return tracer
+def profiler(frame, event, arg):
+    if event == "call":
+        note("profile", frame.f_code)
+monitoring = getattr(sys, "monitoring", None)
+if monitoring is not None:
+    monitoring.use_tool_id(monitoring.PROFILER_ID, "test")
+    monitoring.register_callback(
+        monitoring.PROFILER_ID, monitoring.events.PY_START, lambda code, offset: note("monitor", code)
+    )
+    monitoring.set_events(monitoring.PROFILER_ID, monitoring.events.PY_START)
+sys.settrace(tracer); threading.settrace(tracer); sys.setprofile(profiler); threading.setprofile(profiler)
+import json, decimal
+import importlib.util
+spec = importlib.util.spec_from_file_location("plug", os.path.abspath("plug.py"))
+plug = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(plug)
+import runpy
+runpy.run_path("script.py")
+def work():
+    import csv, ctypes
+    ctypes.CDLL("libm.so.6")
+worker = threading.Thread(target=work); worker.start(); worker.join()
+if hasattr(threading, "settrace_all_threads"):
+    threading.settrace_all_threads(tracer)
+time.sleep(0.4)
+import email.parser
+def write(name):
+    with open(name, "w") as out:
+        out.write("\\n".join(seen) + "\\n")
+pid = os.fork()
+if pid == 0:
+    import wave
+    write("seen-child.txt")
+    os._exit(0)
+os.waitpid(pid, 0)
+write("seen.txt")
+"""
+
+
+_PROGRAMS_FILES = ("main.py", "plug.py", "script.py")
+
+
+def test_trace_and_profile_functions_see_none_of_ours_and_all_of_the_programs(tmp_path: Path) -> None:
+    (tmp_path / "plug.py").write_text("def hello():\n    return 'plug'\nVALUE = hello()\n")
+    (tmp_path / "script.py").write_text("def inner():\n    return 2\nRESULT = inner()\n")
+    (tmp_path / "main.py").write_text(TOOLS_PROGRAM)
+    programs = {}
+    for name, (command, env) in _ways(["main.py"]).items():
+        run = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+        assert run.returncode == 0, (name, run.stderr[-2000:])
+        seen = [
+            line
+            for file in ("seen.txt", "seen-child.txt")
+            for line in (tmp_path / file).read_text().splitlines()
+        ]
+        assert len(seen) > 1000, name
+        ours = [line for line in seen if "importwatch" in line or " dlopen " in line]
+        assert ours == [], (name, len(ours), sorted(set(ours))[:20])
+        programs[name] = [line for line in seen if Path(line.split()[1]).name in _PROGRAMS_FILES]
+    assert {"trace", "profile"} <= {line.split()[0] for line in programs["plain"]}
+    assert any(line.endswith(" inner") for line in programs["plain"])  # runpy's script, seen
+    assert any(line.endswith(" work") for line in programs["plain"])  # the program's thread, seen
+    assert programs["runner"] == programs["plain"]
+    assert programs["IMPORTWATCH=1"] == programs["plain"]
