@@ -36,6 +36,9 @@ _INTERPRETER_CODE = re.compile(
     r"import_name|_imp_|slot_tp_|call_function|pymain_|run_mod|run_eval_code_obj|pyrun_)"
 )
 _LOADER_SOURCE = re.compile(r" at \.{0,2}/?(?:elf|dlfcn)/")
+# Our C accelerator's frames: its shared object without debug information, its sources with it (the
+# translation unit _speedups.c and its parts, _speedups_door.h and the others).
+_OUR_C = re.compile(r"/_speedups(?:\.|_\w+\.h:)")
 
 
 def culprit_of(chains: dict[str, list[Started]]) -> str:
@@ -60,7 +63,7 @@ def _frame_kind(frame: str) -> str | None:
         return "dynamic loader"
     # Our C hook (tracing/_speedups.c) stands where importlib's _find_and_load stood: part of the import
     # machinery, folded with it.
-    if _INTERPRETER_SOURCE.search(frame) or _INTERPRETER_CODE.match(name) or "/_speedups." in frame:
+    if _INTERPRETER_SOURCE.search(frame) or _INTERPRETER_CODE.match(name) or _OUR_C.search(frame):
         return "interpreter"
     return None
 
