@@ -4,6 +4,7 @@ importwatch's functions, in the program's threads or in ours, and every one of t
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -136,3 +137,56 @@ def test_trace_and_profile_functions_see_none_of_ours_and_all_of_the_programs(tm
     assert any(line.endswith(" work") for line in programs["plain"])  # the program's thread, seen
     assert programs["runner"] == programs["plain"]
     assert programs["IMPORTWATCH=1"] == programs["plain"]
+
+
+# A project as coverage.py measures it: a package with branches taken in the main thread and in a thread
+# of the program's, between native loads (ours run around each) and a ctypes load.
+_COVERED = {
+    "pkg/__init__.py": "from pkg.branchy import choose\n",
+    "pkg/branchy.py": (
+        "def choose(value):\n"
+        "    if value > 0:\n        return 'up'\n"
+        "    elif value < 0:\n        return 'down'\n"
+        "    return 'flat'\n"
+    ),
+    "prog.py": (
+        "import json, _csv, decimal, threading\n"
+        "import pkg\n"
+        "pkg.choose(1)\n"
+        "def work():\n"
+        "    import csv, ctypes\n"
+        "    ctypes.CDLL('libm.so.6')\n"
+        "    pkg.choose(-1)\n"
+        "worker = threading.Thread(target=work)\nworker.start()\nworker.join()\n"
+    ),
+}
+_CORES = ["ctrace", "pytrace"] + (["sysmon"] if sys.version_info >= (3, 12) else [])
+
+
+@pytest.mark.parametrize("core", _CORES)
+def test_coverage_measures_the_program_as_under_plain_python_and_none_of_ours(tmp_path: Path, core: str) -> None:
+    pytest.importorskip("coverage")
+    for name, text in _COVERED.items():
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text(text)
+    reports = {}
+    for name, (command, env) in _ways(["-m", "coverage", "run", "--branch", "prog.py"]).items():
+        env = {**env, "COVERAGE_CORE": core, "COVERAGE_FILE": str(tmp_path / f".coverage-{len(reports)}")}
+        run = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+        assert run.returncode == 0, (name, run.stderr[-2000:])
+        report = tmp_path / f"coverage-{len(reports)}.json"
+        subprocess.run(
+            [sys.executable, "-m", "coverage", "json", "-o", str(report)],
+            cwd=tmp_path, env=clean_env(COVERAGE_FILE=env["COVERAGE_FILE"]), check=True, capture_output=True,
+        )  # fmt: skip
+        files = json.loads(report.read_text())["files"]
+        reports[name] = {
+            file: {key: measured[key] for key in _MEASURED} for file, measured in sorted(files.items())
+        }
+    assert sorted(reports["plain"]) == ["pkg/__init__.py", "pkg/branchy.py", "prog.py"], reports["plain"]
+    assert reports["plain"]["pkg/branchy.py"]["missing_lines"] == [6]  # both branches taken, in two threads
+    assert reports["runner"] == reports["plain"]
+    assert reports["IMPORTWATCH=1"] == reports["plain"]
+
+
+_MEASURED = ("executed_lines", "missing_lines", "excluded_lines", "executed_branches", "missing_branches")
