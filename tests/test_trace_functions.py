@@ -164,7 +164,9 @@ _CORES = ["ctrace", "pytrace"] + (["sysmon"] if sys.version_info >= (3, 12) else
 
 
 @pytest.mark.parametrize("core", _CORES)
-def test_coverage_measures_the_program_as_under_plain_python_and_none_of_ours(tmp_path: Path, core: str) -> None:
+def test_coverage_measures_the_program_as_under_plain_python_and_none_of_ours(
+    tmp_path: Path, core: str
+) -> None:
     pytest.importorskip("coverage")
     for name, text in _COVERED.items():
         (tmp_path / name).parent.mkdir(exist_ok=True)
