@@ -10,14 +10,16 @@
  *
  * `ours` counts this thread's nested spans of ours, so that a call back into the program
  * (traced) lowers the counter by exactly what we added, however deep: our span, the program's
- * import inside it, our span again for that import. Without thread-local storage (not GCC or
- * Clang) nothing is hidden, as with the pure-Python twin.
+ * import inside it, our span again for that import. In a thread of ours (`whole`) nothing is the
+ * program's: an import there stays unseen. Without thread-local storage (not GCC or Clang)
+ * nothing is hidden, as with the pure-Python twin.
  *
  * Included once by _speedups.c, before the hook and the doors: one translation unit. Not
  * compiled on its own. */
 
 #if defined(__GNUC__)
-static __thread int ours; /* this thread's spans of ours, nested */
+static __thread int ours;  /* this thread's spans of ours, nested */
+static __thread int whole; /* this thread is ours, all of it (untraced) */
 
 static void untraced_enter(PyThreadState *tstate) {
     if (ours++ > 0) {
@@ -55,7 +57,7 @@ static void untraced_leave(PyThreadState *tstate) {
 /* CALLABLE(ARGS) run as the program's code: the counter back where the program had it, then ours again. */
 static PyObject *traced_call(PyThreadState *tstate, PyObject *callable, PyObject *const *args, size_t nargsf,
                              PyObject *kwnames) {
-    int spans = ours;
+    int spans = whole ? 0 : ours;
     if (spans > 0) {
         ours = 1;
         untraced_leave(tstate);
@@ -67,7 +69,9 @@ static PyObject *traced_call(PyThreadState *tstate, PyObject *callable, PyObject
     }
     return result;
 }
+#define WHOLE(value) (whole = (value))
 #else
+#define WHOLE(value) ((void)0)
 static void untraced_enter(PyThreadState *tstate) {
     (void)tstate;
 }
@@ -81,7 +85,8 @@ static PyObject *traced_call(PyThreadState *tstate, PyObject *callable, PyObject
 }
 #endif
 
-/* untraced(function, *args): FUNCTION(*ARGS) as ours; the body of each thread of ours (threads.start). */
+/* untraced(function, *args): FUNCTION(*ARGS) as ours, all it calls included: the body of each thread of ours
+   (threads.start). */
 static PyObject *untraced(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
     if (nargs < 1) {
@@ -90,7 +95,9 @@ static PyObject *untraced(PyObject *module, PyObject *const *args, Py_ssize_t na
     }
     PyThreadState *tstate = PyThreadState_Get();
     untraced_enter(tstate);
+    WHOLE(1);
     PyObject *result = PyObject_Vectorcall(args[0], args + 1, (size_t)(nargs - 1), NULL);
+    WHOLE(0);
     untraced_leave(tstate);
     return result;
 }
@@ -107,6 +114,6 @@ static PyObject *traced(PyObject *module, PyObject *const *args, Py_ssize_t narg
 
 #define UNTRACED_METHODS                                                                                             \
     {"untraced", (PyCFunction)(void (*)(void))untraced, METH_FASTCALL,                                               \
-     "untraced(function, *args): FUNCTION(*ARGS) unseen by this thread's trace and profile functions."},            \
+     "untraced(function, *args): FUNCTION(*ARGS), a thread of ours, unseen by trace and profile functions."},            \
         {"traced", (PyCFunction)(void (*)(void))traced, METH_FASTCALL,                                               \
          "traced(function, *args): FUNCTION(*ARGS) seen by them again, from within untraced or a door."},
