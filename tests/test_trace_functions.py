@@ -62,7 +62,8 @@ def test_a_debuggers_steps_through_a_native_import_stop_where_they_stop_under_pl
 # Every kind of call a program's tool can be told of, around every place where importwatch runs
 # Python in the program's threads: a thread's first import, native loads (the first one reads our
 # facts modules), a ctypes load in a thread of the program's, a loader's body run by importlib.util
-# (a door), runpy, a fork (our fork hooks, and the child's first import starting it), the exit, and a
+# (a door), runpy, site.addsitedir (a .pth line run as a step), a fork (our fork hooks, and the child's
+# first import starting it), the exit, and a
 # spell in which our heartbeat beats (3.12 on: settrace_all_threads and sys.monitoring reach it).
 TOOLS_PROGRAM = """
 import os, sys, threading, time
@@ -91,6 +92,8 @@ plug = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(plug)
 import runpy
 runpy.run_path("script.py")
+import site
+site.addsitedir(os.path.abspath("extra"))  # its .pth's import line: a step of ours
 def work():
     import csv, ctypes
     ctypes.CDLL("libm.so.6")
@@ -112,13 +115,16 @@ write("seen.txt")
 """
 
 
-_PROGRAMS_FILES = ("main.py", "plug.py", "script.py")
+_PROGRAMS_FILES = ("main.py", "plug.py", "script.py", "pthmod.py")
 
 
 def test_trace_and_profile_functions_see_none_of_ours_and_all_of_the_programs(tmp_path: Path) -> None:
     (tmp_path / "plug.py").write_text("def hello():\n    return 'plug'\nVALUE = hello()\n")
     (tmp_path / "script.py").write_text("def inner():\n    return 2\nRESULT = inner()\n")
     (tmp_path / "main.py").write_text(TOOLS_PROGRAM)
+    (tmp_path / "extra").mkdir()
+    (tmp_path / "extra" / "more.pth").write_text("import pthmod\n")
+    (tmp_path / "extra" / "pthmod.py").write_text("def made():\n    return 1\nMADE = made()\n")
     programs = {}
     for name, (command, env) in _ways(["main.py"]).items():
         run = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
@@ -135,6 +141,7 @@ def test_trace_and_profile_functions_see_none_of_ours_and_all_of_the_programs(tm
     assert {"trace", "profile"} <= {line.split()[0] for line in programs["plain"]}
     assert any(line.endswith(" inner") for line in programs["plain"])  # runpy's script, seen
     assert any(line.endswith(" work") for line in programs["plain"])  # the program's thread, seen
+    assert any(line.endswith(" made") for line in programs["plain"])  # a .pth line's import, seen
     assert programs["runner"] == programs["plain"]
     assert programs["IMPORTWATCH=1"] == programs["plain"]
 

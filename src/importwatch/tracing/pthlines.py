@@ -13,7 +13,7 @@ import sys
 
 from importwatch.tracing import phases
 from importwatch.tracing.accelerator import ACCELERATOR
-from importwatch.tracing.hook import door
+from importwatch.tracing.hook import door, hidden
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -37,23 +37,30 @@ def watch(site: "ModuleType", addpackage: "Callable[..., Any]") -> None:
         return  # a .pth can run twice
 
     def addpackage_traced(sitedir: str, name: str, known_paths: "Any") -> "Any":
-        if phases._tracer is None or name == OUR_PTH:
-            return addpackage(sitedir, name, known_paths)
-        path = os.path.join(sitedir, name)
+        stepped = phases._tracer is not None and name != OUR_PTH
         namespace = site.__dict__
         # exec is a builtin that site's addpackage looks up in its module first: ours, for this file.
         before = namespace.get("exec", _MISSING)
-        namespace["exec"] = _traced_exec(path)
+        if stepped:
+            namespace["exec"] = _traced_exec(os.path.join(sitedir, name))
         try:
-            return addpackage(sitedir, name, known_paths)
+            if _traced is None:
+                return addpackage(sitedir, name, known_paths)
+            return _traced(addpackage, sitedir, name, known_paths)
         finally:
-            if before is _MISSING:
+            if stepped and before is _MISSING:
                 namespace.pop("exec", None)
-            else:
+            elif stepped:
                 namespace["exec"] = before
 
     setattr(addpackage_traced, _MARK, True)
-    site.addpackage = addpackage_traced
+    # A program's own site.addsitedir (virtualenv's activate_this.py) runs it too: unseen by the program's
+    # trace functions, site's own addpackage seen (hook.hidden).
+    site.addpackage = hidden(addpackage_traced, binds=False)
+
+
+# site's own addpackage, and the .pth lines it runs, seen by the program's trace functions again (with C).
+_traced = getattr(ACCELERATOR, "traced", None)
 
 
 _MISSING = object()
