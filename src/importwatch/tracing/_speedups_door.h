@@ -70,14 +70,14 @@ static PyObject *door_ours(PyThreadState *tstate, PyObject *callable, PyObject *
 
 static PyObject *door_call(PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     Door *self = (Door *)callable;
-    PyThreadState *tstate = PyThreadState_Get();
     if (self->enter == Py_None) { /* a function of ours in the place of another (hook.hidden): ours, all of it */
-        return door_ours(tstate, self->original, args, nargsf, kwnames);
+        return door_ours(PyThreadState_Get(), self->original, args, nargsf, kwnames);
     }
     int passes = door_passes(self, args, PyVectorcall_NARGS(nargsf));
     if (passes != 0) {
         return passes < 0 ? NULL : PyObject_Vectorcall(self->original, args, nargsf, kwnames);
     }
+    PyThreadState *tstate = PyThreadState_Get();
     PyObject *token = door_ours(tstate, self->enter, args, nargsf, kwnames);
     if (token == NULL) {
         return NULL;

@@ -232,6 +232,12 @@ def hidden(function: "Callable", binds: bool = True) -> "Callable":
     return function if make is None else make(function, None, None, None, binds)
 
 
+# What a function hidden() stands for calls of the program's (a native load's dlopen, site's own addpackage),
+# as traced(function, *args): seen by the program's trace functions again. None without the accelerator,
+# where nothing of ours is hidden: the caller calls the function as it is, with no frame between.
+traced: "Callable[..., Any] | None" = getattr(ACCELERATOR, "traced", None)
+
+
 class Tracer:
     """Keeps the imports in flight per thread and reports their start and end to the sink."""
 

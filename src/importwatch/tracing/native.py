@@ -12,7 +12,7 @@ import sys
 
 from importwatch.events import NATIVE, NATIVE_END, VERDICT
 from importwatch.tracing.accelerator import ACCELERATOR
-from importwatch.tracing.hook import as_importlib_frame, hidden
+from importwatch.tracing.hook import as_importlib_frame, hidden, traced
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -34,11 +34,8 @@ if TYPE_CHECKING:
 FIRST_FACTS = ("importwatch.facts.libnames", "importwatch.facts.mapped")
 
 
-# The load itself is the program's: its constructors and a module's init, seen again by the program's trace
-# functions (hook.hidden). None without the C accelerator, where nothing of ours is hidden from them.
-_traced = getattr(ACCELERATOR, "traced", None)
-
-if _traced is None:
+# The load itself is the program's: its constructors and a module's init, seen by its trace functions (hook.traced).
+if traced is None:
 
     def _call(function: "Callable", *args: "Any") -> "Any":
         return function(*args)
@@ -46,7 +43,7 @@ if _traced is None:
 else:
 
     def _call(function: "Callable", *args: "Any") -> "Any":
-        return _traced(function, *args)
+        return traced(function, *args)
 
 
 def _named_call(path: str, owner: str) -> "Callable":

@@ -13,7 +13,7 @@ import sys
 
 from importwatch.tracing import phases
 from importwatch.tracing.accelerator import ACCELERATOR
-from importwatch.tracing.hook import door, hidden
+from importwatch.tracing.hook import door, hidden, traced
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -44,9 +44,9 @@ def watch(site: "ModuleType", addpackage: "Callable[..., Any]") -> None:
         if stepped:
             namespace["exec"] = _traced_exec(os.path.join(sitedir, name))
         try:
-            if _traced is None:
+            if traced is None:
                 return addpackage(sitedir, name, known_paths)
-            return _traced(addpackage, sitedir, name, known_paths)
+            return traced(addpackage, sitedir, name, known_paths)  # site's own, and the lines it runs
         finally:
             if stepped and before is _MISSING:
                 namespace.pop("exec", None)
@@ -57,10 +57,6 @@ def watch(site: "ModuleType", addpackage: "Callable[..., Any]") -> None:
     # A program's own site.addsitedir (virtualenv's activate_this.py) runs it too: unseen by the program's
     # trace functions, site's own addpackage seen (hook.hidden).
     site.addpackage = hidden(addpackage_traced, binds=False)
-
-
-# site's own addpackage, and the .pth lines it runs, seen by the program's trace functions again (with C).
-_traced = getattr(ACCELERATOR, "traced", None)
 
 
 _MISSING = object()
