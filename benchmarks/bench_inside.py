@@ -95,6 +95,9 @@ def main() -> int:
     python = sys.executable
     # Our variables left out, but IMPORTWATCH_PURE: `IMPORTWATCH_PURE=1` times the pure-Python twin.
     base = {k: v for k, v in os.environ.items() if k == "IMPORTWATCH_PURE" or not k.startswith("IMPORTWATCH")}
+    # Bytecode caches written, as in an installation: with PYTHONDONTWRITEBYTECODE set (CI's shell sets it)
+    # every import would compile its source, several times what tracing adds, and drown it in noise.
+    base.pop("PYTHONDONTWRITEBYTECODE", None)
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch)
         make_tree(folder, options.modules)

@@ -76,6 +76,7 @@ def main() -> int:
     options = parser.parse_args()
     python = sys.executable
     base = {k: v for k, v in os.environ.items() if not k.startswith("IMPORTWATCH")}
+    base.pop("PYTHONDONTWRITEBYTECODE", None)  # caches written, as installed: compiling is not tracing
     base["IMPORTWATCH"] = "1"
     base["IMPORTWATCH_PURE"] = "0"
     with tempfile.TemporaryDirectory() as scratch:
