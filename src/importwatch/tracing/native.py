@@ -68,6 +68,7 @@ class NativeLoads:
         self._ctypes: Any = None
         self._ctypes_dlopen: Callable | None = None
         self._facts: tuple[TorchFacts | None, str | None] | None = None
+        self._facts_run: dict[str, Any] = {}  # fact()'s modules, once imported
         self._owners: Any = None  # dists.Owners: which distribution installed a file, from RECORDs
         self._objects: MappedObjects | None = None
         # The loader's own list, once the program has imported ctypes: False where it cannot be read.
@@ -82,12 +83,16 @@ class NativeLoads:
         through import_own, so that no line of ours stands among the program's. What they import
         of ours must be imported first, the same way: cuda imports libnames.
         """
+        found = self._facts_run.get(name)
+        if found is not None:
+            return found  # each load asks for some (libnames at every one): a dict's look, not an import's
         if name == "cuda":
             self.fact("libnames")
         module = "importwatch.facts." + name
         if module in FIRST_FACTS and module not in sys.modules and self.standby is not None:
             self.standby.read((module,))  # import_own then runs it from these bytes
-        return self.tracer.import_own(module)
+        found = self._facts_run[name] = self.tracer.import_own(module)
+        return found
 
     def install(self) -> None:
         if self._create_module is None:
