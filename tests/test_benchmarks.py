@@ -130,6 +130,25 @@ def test_the_imports_alone_are_timed_in_every_mode(tmp_path):
     assert re.search(r"^  stalls +[\d.]+ ms; over plain, per import: +[-+][\d.]+ us wall", done.stdout, re.M)
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None, reason="no C compiler")
+def test_native_loads_are_timed_in_every_mode_with_and_without_ctypes():
+    # bench_native.py builds its extension modules, then times their imports: no figure is judged,
+    # only that every mode ran, before and after ctypes, and printed its row.
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_native.py"), "--rounds", "1", "--modules", "4"],
+        env=clean_env(), capture_output=True, text=True, timeout=110,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "4 native loads, 1 rounds" in done.stdout
+    for heading in ("no ctypes:", "after import ctypes:"):
+        section = done.stdout.split(heading, 1)[1]
+        assert re.search(r"^    plain +[\d.]+ ms, [\d.]+ us per load", section, re.M), done.stdout
+        for mode in ("stalls", "log"):
+            assert re.search(rf"^    {mode} +[-+][\d.]+ us per load over plain", section, re.M), done.stdout
+
+
 @pytest.mark.timeout(60)
 def test_the_write_floor_is_timed_for_each_target():
     # bench_write_floor.py: no figure is judged, only that each target was timed and printed.
