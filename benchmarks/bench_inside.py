@@ -42,7 +42,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench_overhead import make_tree
+from bench_overhead import make_tree, measured_env
 
 _TIMED = (
     "import time; t = time.perf_counter(); c = time.process_time(); import bench_all; "
@@ -93,11 +93,7 @@ def main() -> int:
     )
     options = parser.parse_args()
     python = sys.executable
-    # Our variables left out, but IMPORTWATCH_PURE: `IMPORTWATCH_PURE=1` times the pure-Python twin.
-    base = {k: v for k, v in os.environ.items() if k == "IMPORTWATCH_PURE" or not k.startswith("IMPORTWATCH")}
-    # Bytecode caches written, as in an installation: with PYTHONDONTWRITEBYTECODE set (CI's shell sets it)
-    # every import would compile its source, several times what tracing adds, and drown it in noise.
-    base.pop("PYTHONDONTWRITEBYTECODE", None)
+    base = measured_env()
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch)
         make_tree(folder, options.modules)

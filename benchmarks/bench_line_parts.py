@@ -35,7 +35,7 @@ import tempfile
 from pathlib import Path
 
 from bench_inside import _TIMED, _run
-from bench_overhead import make_tree
+from bench_overhead import make_tree, measured_env
 
 ROOT = Path(__file__).resolve().parent.parent
 # Included before _speedups.c's own text: Python.h first (as that file has it), then unistd.h's
@@ -75,8 +75,7 @@ def main() -> int:
     parser.add_argument("--modules", type=int, default=4000, help="modules in the tree (default 4000)")
     options = parser.parse_args()
     python = sys.executable
-    base = {k: v for k, v in os.environ.items() if not k.startswith("IMPORTWATCH")}
-    base.pop("PYTHONDONTWRITEBYTECODE", None)  # caches written, as installed: compiling is not tracing
+    base = measured_env()
     base["IMPORTWATCH"] = "1"
     base["IMPORTWATCH_PURE"] = "0"
     with tempfile.TemporaryDirectory() as scratch:

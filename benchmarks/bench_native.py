@@ -32,6 +32,8 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from bench_overhead import measured_env
+
 _SOURCE = """#include <Python.h>
 static struct PyModuleDef def = {PyModuleDef_HEAD_INIT, "%(name)s", NULL, -1, NULL};
 PyMODINIT_FUNC PyInit_%(name)s(void) { return PyModule_Create(&def); }
@@ -77,9 +79,7 @@ def main() -> int:
     parser.add_argument("--modules", type=int, default=200, help="extension modules (default 200)")
     options = parser.parse_args()
     python = sys.executable
-    # Our variables left out, but IMPORTWATCH_PURE; bytecode caches written, as in an installation.
-    base = {k: v for k, v in os.environ.items() if k == "IMPORTWATCH_PURE" or not k.startswith("IMPORTWATCH")}
-    base.pop("PYTHONDONTWRITEBYTECODE", None)
+    base = measured_env()
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch)
         (folder / "ext").mkdir()

@@ -32,6 +32,16 @@ from pathlib import Path
 from typing import NamedTuple
 
 
+def measured_env() -> dict[str, str]:
+    """This environment for the processes a benchmark times: our variables left out but IMPORTWATCH_PURE
+    (`IMPORTWATCH_PURE=1` times the pure-Python twin), and bytecode caches written, as in an
+    installation. With PYTHONDONTWRITEBYTECODE set (CI's shell sets it) every import would compile its
+    source, several times what tracing adds, and drown it in noise."""
+    env = {k: v for k, v in os.environ.items() if k == "IMPORTWATCH_PURE" or not k.startswith("IMPORTWATCH")}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return env
+
+
 def make_tree(root: Path, count: int) -> str:
     """COUNT tiny modules in packages of 50, and the code that imports them all."""
     lines = []

@@ -33,6 +33,14 @@ def bench(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess
     )  # fmt: skip
 
 
+def run_script(script: str, *args: str, timeout: float) -> subprocess.CompletedProcess:
+    """benchmarks/SCRIPT ARGS, run as a user would, with our variables out of its environment."""
+    return subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / script), *args],
+        env=clean_env(), capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_quickest_run_gives_every_figure_in_json(tmp_path):
@@ -104,13 +112,7 @@ def test_missing_strace_and_python_are_reported_and_skipped(tmp_path):
 def test_the_imports_alone_are_timed_in_every_mode(tmp_path):
     # bench_inside.py: no figure is judged here (timings are benchmarks, never tests), only that every
     # mode ran and printed its row.
-    done = subprocess.run(
-        [
-            sys.executable, str(ROOT / "benchmarks" / "bench_inside.py"),
-            "--rounds", "1", "--modules", "20", "--log", "--runner",
-        ],
-        env=clean_env(), capture_output=True, text=True, timeout=100,
-    )  # fmt: skip
+    done = run_script("bench_inside.py", "--rounds", "1", "--modules", "20", "--log", "--runner", timeout=100)
     assert done.returncode == 0, done.stderr
     assert "22 imports, 1 rounds" in done.stdout  # 20 modules, their package, bench_all
     for mode in ("plain", "loaded", "stalls", "log", "log, stderr piped", "runner stalls", "runner log"):
@@ -118,13 +120,7 @@ def test_the_imports_alone_are_timed_in_every_mode(tmp_path):
             rf"^  {mode} +[\d.]+ ms; over plain, per import: +[-+][\d.]+ us wall", done.stdout, re.M
         ), done.stdout
     # --top-level: the same imports made by the program's own top level, each a thread's first step.
-    done = subprocess.run(
-        [
-            sys.executable, str(ROOT / "benchmarks" / "bench_inside.py"),
-            "--rounds", "1", "--modules", "20", "--top-level",
-        ],
-        env=clean_env(), capture_output=True, text=True, timeout=100,
-    )  # fmt: skip
+    done = run_script("bench_inside.py", "--rounds", "1", "--modules", "20", "--top-level", timeout=100)
     assert done.returncode == 0, done.stderr
     assert "21 imports at top level, 1 rounds" in done.stdout  # 20 modules and their package
     assert re.search(r"^  stalls +[\d.]+ ms; over plain, per import: +[-+][\d.]+ us wall", done.stdout, re.M)
@@ -136,10 +132,7 @@ def test_the_imports_alone_are_timed_in_every_mode(tmp_path):
 def test_native_loads_are_timed_in_every_mode_with_and_without_ctypes():
     # bench_native.py builds its extension modules, then times their imports: no figure is judged,
     # only that every mode ran, before and after ctypes, and printed its row.
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "bench_native.py"), "--rounds", "1", "--modules", "4"],
-        env=clean_env(), capture_output=True, text=True, timeout=110,
-    )  # fmt: skip
+    done = run_script("bench_native.py", "--rounds", "1", "--modules", "4", timeout=110)
     assert done.returncode == 0, done.stderr
     assert "4 native loads, 1 rounds" in done.stdout
     for heading in ("no ctypes:", "after import ctypes:"):
@@ -152,10 +145,7 @@ def test_native_loads_are_timed_in_every_mode_with_and_without_ctypes():
 @pytest.mark.timeout(60)
 def test_the_write_floor_is_timed_for_each_target():
     # bench_write_floor.py: no figure is judged, only that each target was timed and printed.
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "bench_write_floor.py"), "--writes", "2000"],
-        env=clean_env(), capture_output=True, text=True, timeout=50,
-    )  # fmt: skip
+    done = run_script("bench_write_floor.py", "--writes", "2000", timeout=50)
     assert done.returncode == 0, done.stderr
     for row in (r"a file, appended +[\d.]+ us", r"/dev/null +[\d.]+ us", r"import's four .*: [\d.]+ us",
                 r"a pipe whose reader waits for each line: [\d.]+ us per write"):  # fmt: skip
@@ -168,10 +158,7 @@ def test_the_write_floor_is_timed_for_each_target():
 def test_the_parts_of_a_line_s_cost_are_each_timed(tmp_path):
     # bench_line_parts.py builds a copy of the C accelerator whose writes do nothing (it refuses to go on
     # if that copy wrote an import line); no figure is judged, only that every mode and part was printed.
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "bench_line_parts.py"), "--rounds", "1", "--modules", "20"],
-        env=clean_env(), capture_output=True, text=True, timeout=170,
-    )  # fmt: skip
+    done = run_script("bench_line_parts.py", "--rounds", "1", "--modules", "20", timeout=170)
     assert done.returncode == 0, done.stderr
     assert "22 imports, 1 rounds" in done.stdout
     for row in ("stalls", "lines, unwritten", "lines, /dev/null", "lines, files"):
