@@ -370,9 +370,6 @@ class Sink(SINK_BASE):  # type: ignore[misc,valid-type]
         """An event for the watcher only, as the main thread's: what was in flight before it started."""
         if self.feed is None:
             return
-        loud = self._loud  # emit's first test, before rendering: a line that goes nowhere costs nothing more
-        if loud is not None and self.log is None and self.feed is None and not loud[kind]:
-            return
         body = render(kind, fields, depth)
         if not (body.isascii() and body.isprintable()):
             body = escape(body)
@@ -435,7 +432,8 @@ class Sink(SINK_BASE):  # type: ignore[misc,valid-type]
     def event(self, kind: str, fields: dict, depth: int = 0, only: "str | None" = None) -> None:
         """Write one event of KIND (see importwatch.events) with FIELDS, at DEPTH in its thread (nested kinds).
 
-        ONLY: "log" for detail the terminal leaves out (the watcher's full stacks), "stderr" for its short form.
+        ONLY: "log" for detail the terminal leaves out (the watcher's full stacks), "stderr" for
+        the terminal's short form of it.
         """
         loud = self._loud  # emit's first test, before rendering: a line that goes nowhere costs nothing more
         if loud is not None and self.log is None and self.feed is None and not loud[kind]:
