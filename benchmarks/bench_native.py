@@ -32,6 +32,7 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from bench_inside import _run
 from bench_overhead import measured_env
 
 _SOURCE = """#include <Python.h>
@@ -43,7 +44,8 @@ _TIMED = (
     "import os, time\n"
     "if os.environ.get('BENCH_CTYPES'): import ctypes\n"
     "code = compile(open({program!r}).read(), 'loads', 'exec')\n"
-    "t = time.perf_counter(); exec(code); print(time.perf_counter() - t)\n"
+    "t = time.perf_counter(); c = time.process_time(); exec(code)\n"
+    "print(time.perf_counter() - t, time.process_time() - c)\n"
 )
 
 
@@ -101,13 +103,7 @@ def main() -> int:
             for index in range(options.rounds):
                 for name in list(modes) if index % 2 else list(reversed(modes)):
                     env = dict(modes[name], BENCH_CTYPES="1" if with_ctypes else "")
-                    with open(stderr, "wb") as sink:
-                        done = subprocess.run(
-                            [python, "-c", timed], env=env, stdout=subprocess.PIPE, stderr=sink, text=True
-                        )
-                    if done.returncode != 0:
-                        raise SystemExit(f"bench_native: the {name} run failed (exit {done.returncode})")
-                    runs[name].append(float(done.stdout.split()[-1]))
+                    runs[name].append(_run(python, ["-c", timed], env, stderr)[0])  # wall
             plain = runs["plain"]
             print(f"  {'after import ctypes' if with_ctypes else 'no ctypes'}:")
             middle = statistics.median(plain)

@@ -26,19 +26,17 @@ TARGETS = {
 TRACED = ("runner log", "runner stalls", "env log", "env stalls")
 
 
-def bench(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(BENCH), "--cache", str(tmp_path / "cache"), "--json", *args],
-        env=clean_env(**env), capture_output=True, text=True, timeout=150,
-    )  # fmt: skip
-
-
-def run_script(script: str, *args: str, timeout: float) -> subprocess.CompletedProcess:
-    """benchmarks/SCRIPT ARGS, run as a user would, with our variables out of its environment."""
+def run_script(script: str, *args: str, timeout: float, **env: str) -> subprocess.CompletedProcess:
+    """benchmarks/SCRIPT ARGS, run as a user would, with our variables out of its environment (and ENV in)."""
     return subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / script), *args],
-        env=clean_env(), capture_output=True, text=True, timeout=timeout,
+        env=clean_env(**env), capture_output=True, text=True, timeout=timeout,
     )  # fmt: skip
+
+
+def bench(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    """bench_kernel.py's JSON, its venvs and trees cached under TMP_PATH."""
+    return run_script(BENCH.name, "--cache", str(tmp_path / "cache"), "--json", *args, timeout=150, **env)
 
 
 @pytest.mark.slow
