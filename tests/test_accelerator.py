@@ -22,9 +22,10 @@ from pathlib import Path
 
 import pytest
 
+from cbuild import compile_extension
 from helpers import ROOT, clean_env, deep_import_chain, importwatch
 from importwatch.events.read import seconds_of_day
-from test_side_by_side import _ours_removed, three_ways
+from test_side_by_side import MAIN_PROBE, _number, _ours_removed, three_ways
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]  # every test here starts processes
 
@@ -376,6 +377,52 @@ def test_with_the_accelerator_a_module_body_s_stack_and_traceback_are_plain_pyth
         assert pure.stdout == f"depth {plain_depth + 3}\n", pure.stderr
 
 
+# A C extension whose init imports a Python module, as numpy's and torch's do: that body runs below the native
+# load (its dlopen and init), where importwatch names the file in a frame of its own.
+IMPORTING_EXTENSION = r"""
+#include <Python.h>
+static struct PyModuleDef definition = {PyModuleDef_HEAD_INIT, MODULE_NAME, NULL, -1, NULL};
+PyMODINIT_FUNC PyInit_importer(void) {
+    PyObject *imported = PyImport_ImportModule(getenv("IMPORTER_IMPORTS"));
+    if (imported == NULL) {
+        return NULL;
+    }
+    Py_DECREF(imported);
+    return PyModule_Create(&definition);
+}
+"""
+
+
+@needs_accelerator
+@pytest.mark.parametrize("imports", ["outer", "depth_probe"])
+def test_a_body_an_extension_s_init_imports_has_one_frame_more_than_plain_python_gives_it(
+    tmp_path: Path, imports: str
+) -> None:
+    """Below a module body that an extension module's init imports, the native load has one frame of
+    ours: the one that names the file in faulthandler's dump of a hung load (three before the load's
+    wrapper became a door). The traceback of an error raised there is plain python's."""
+    for name, text in NESTED.items():
+        (tmp_path / name).write_text(text)
+    (tmp_path / "depth_probe.py").write_text(MAIN_PROBE.split("\n\n", 1)[1])  # frames, then the deepest call
+    (tmp_path / "importer.c").write_text(IMPORTING_EXTENSION)
+    compile_extension(tmp_path / "importer.c", tmp_path, "importer")
+    (tmp_path / "main.py").write_text("import importer\n")
+    runs = three_ways(["main.py"], tmp_path, runner_options=QUIET, IMPORTER_IMPORTS=imports, **QUIET_ENV, **C)
+    plain = runs["plain"]
+    assert plain.returncode == (1 if imports == "outer" else 0), plain.stderr
+    key = "depth" if imports == "outer" else "frames"  # inner.py prints its frames as "depth"
+    for name in ("runner", "IMPORTWATCH=1"):
+        run = runs[name]
+        assert run.returncode == plain.returncode and _ours_removed(run.stderr) == plain.stderr, name
+        assert _number(run.stdout, key) == _number(plain.stdout, key) + 1, (name, run.stdout, plain.stdout)
+        if imports == "depth_probe":  # the frame, and the call into the load that the frame makes
+            assert 1 <= _number(plain.stdout, "depth") - _number(run.stdout, "depth") <= 2, (name, run.stdout)
+    # The pure-Python twin: its hook's frame per import in flight (four), and the load's door and named frame.
+    pure = _runner(tmp_path, IMPORTER_IMPORTS=imports, **PURE)
+    added = 6 if imports == "outer" else 4
+    assert _number(pure.stdout, key) == _number(plain.stdout, key) + added, pure.stdout
+
+
 @needs_accelerator
 def test_with_the_accelerator_nested_imports_reach_as_deep_as_under_plain_python(tmp_path: Path) -> None:
     deep_import_chain(tmp_path)
@@ -433,6 +480,21 @@ def test_a_door_calls_enter_and_leave_around_the_function_and_passes_its_outcome
     loader = Loader()
     assert loader.exec_module("module") == "result" and seen[1] == ("original", (loader, "module"), {})
     assert Loader.exec_module is door  # read from the class, not bound
+
+    # A door that chooses (a native load's): ENTER names the function called in ORIGINAL's place.
+    def chosen(*args, **kwargs):
+        seen.append(("chosen", args, kwargs))
+        return "chosen"
+
+    choices = iter([("token", chosen), None, "no pair"])
+    choosing = _speedups.door(original, lambda *args, **kwargs: next(choices), leave, None, True, True)
+    seen.clear()
+    assert choosing(3, y=4) == "chosen"
+    assert seen == [("chosen", (3,), {"y": 4}), ("leave", ("token", chosen), "NoneType")]
+    seen.clear()
+    assert choosing(5) == "result" and seen == [("original", (5,), {})]  # None: no event, the original
+    with pytest.raises(TypeError, match="returns None or"):
+        choosing(6)
 
 
 # -- the watchdog reads the chain the C hook keeps -----------------------------------------------

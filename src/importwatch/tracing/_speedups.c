@@ -492,8 +492,9 @@ static PyMethodDef methods[] = {
      "follow(write, flush, sink, through, by_line): sys.stderr's WRITE and FLUSH with SINK's note of a line "
      "left unended after each, and no frame of their own (Sink.follow_partial_lines)."},
     {"door", make_door, METH_VARARGS,
-     "door(original, enter, leave, stacks, binds=True): ORIGINAL with ENTER and LEAVE around it and no frame "
-     "of its own while it runs (hook.door); STACKS, the tracer's, for a loader's exec_module, else None."},
+     "door(original, enter, leave, stacks, binds=True, chooses=False): ORIGINAL with ENTER and LEAVE around it "
+     "and no frame of its own while it runs (hook.door); STACKS, the tracer's, for a loader's exec_module, else "
+     "None; where CHOOSES, ENTER returns (token, the function of ours to call in ORIGINAL's place)."},
     {"lock_if_ours", lock_if_ours, METH_VARARGS,
      "lock_if_ours(fd, device, inode): flock(fd, LOCK_EX | LOCK_NB) where fd still refers to that device and "
      "inode; True once taken, False while another process holds it, None where fd is no longer that."},

@@ -15,6 +15,12 @@
  * With STACKS (a loader's exec_module), the call that an import statement makes for the module
  * on top of this thread's chain is read here and passes straight through: no call of ENTER.
  *
+ * A door that CHOOSES lets ENTER name what is called in the function's place: ENTER returns None or
+ * (token, function), and FUNCTION, ours, is called with the arguments, unseen by the program's trace
+ * functions as ENTER is (it calls the program's part through ACCELERATOR.traced); LEAVE gets the pair.
+ * A native load's door (native.py) calls a function named after the file, so that faulthandler's dump
+ * of a hung dlopen names it: the one frame of ours below what the load runs.
+ *
  * Included once by _speedups.c, after its helpers: one translation unit. Not compiled on its own. */
 
 typedef struct {
@@ -22,6 +28,7 @@ typedef struct {
     vectorcallfunc vectorcall;
     PyObject *original, *enter, *leave;
     PyObject *stacks; /* the tracer's, for exec_module's pass; else NULL */
+    int chooses;      /* ENTER returns (token, a function of ours to call in ORIGINAL's place) */
     PyObject *dict;   /* __dict__: the original's names, docstring and __wrapped__ (hook.door) */
     PyObject *weakrefs; /* a function can be referred to weakly: so can its door */
 } Door;
@@ -86,7 +93,18 @@ static PyObject *door_call(PyObject *callable, PyObject *const *args, size_t nar
         Py_DECREF(token);
         return PyObject_Vectorcall(self->original, args, nargsf, kwnames);
     }
-    PyObject *result = PyObject_Vectorcall(self->original, args, nargsf, kwnames);
+    PyObject *result;
+    if (self->chooses) {
+        if (!PyTuple_CheckExact(token) || PyTuple_GET_SIZE(token) != 2) {
+            Py_DECREF(token);
+            PyErr_SetString(PyExc_TypeError, "a choosing door's enter returns None or (token, function)");
+            return NULL;
+        }
+        /* ours, held by the token to the end */
+        result = door_ours(tstate, PyTuple_GET_ITEM(token, 1), args, nargsf, kwnames);
+    } else {
+        result = PyObject_Vectorcall(self->original, args, nargsf, kwnames);
+    }
     Saved error = {NULL, NULL, NULL};
     if (result == NULL) {
         save_error(&error);
@@ -172,13 +190,14 @@ static PyTypeObject BuiltinDoorType = {
     .tp_doc = "A builtin with importwatch's part around it (see hook.door).",
 };
 
-/* door(original, enter, leave, stacks, binds=True): ORIGINAL with ENTER and LEAVE around it, no frame of
-   its own; bound by an instance, as a function is, only where BINDS. ENTER and LEAVE None: ORIGINAL is ours. */
+/* door(original, enter, leave, stacks, binds=True, chooses=False): ORIGINAL with ENTER and LEAVE around it, no
+   frame of its own; bound by an instance, as a function is, only where BINDS; where CHOOSES, ENTER names the
+   function of ours called in ORIGINAL's place. ENTER and LEAVE None: ORIGINAL is ours. */
 static PyObject *make_door(PyObject *module, PyObject *args) {
     (void)module;
     PyObject *original, *enter, *leave, *stacks;
-    int binds = 1;
-    if (!PyArg_ParseTuple(args, "OOOO|p:door", &original, &enter, &leave, &stacks, &binds)) {
+    int binds = 1, chooses = 0;
+    if (!PyArg_ParseTuple(args, "OOOO|pp:door", &original, &enter, &leave, &stacks, &binds, &chooses)) {
         return NULL;
     }
     if (stacks != Py_None && !PyDict_CheckExact(stacks)) {
@@ -198,6 +217,7 @@ static PyObject *make_door(PyObject *module, PyObject *args) {
     self->leave = leave;
     self->stacks = stacks == Py_None ? NULL : stacks;
     Py_XINCREF(self->stacks);
+    self->chooses = chooses;
     self->dict = NULL;
     self->weakrefs = NULL;
     PyObject_GC_Track(self);

@@ -177,11 +177,14 @@ def door(
     stacks: "dict | None" = None,
     importing: bool = True,
     binds: "bool | None" = None,
+    chooses: bool = False,
 ) -> "Callable":
     """ORIGINAL, in its place, with ENTER called before it (with its arguments) and LEAVE after it:
     LEAVE(token, error) gets what ENTER returned and the exception that ended ORIGINAL (None if it
     returned); where ENTER returns None, ORIGINAL is just called. The event of a door (doors.py) or a
-    blocking step (blocking.py) is begun in ENTER and ended in LEAVE.
+    blocking step (blocking.py) is begun in ENTER and ended in LEAVE. Where CHOOSES, ENTER returns
+    None or (token, function), and FUNCTION, ours, is called in ORIGINAL's place, unseen by the
+    program's trace functions as ENTER is (a native load's frame named after the file, native.py).
 
     With the C accelerator a Door (_speedups_door.h): nothing of ours is on the stack while ORIGINAL
     runs, so a module body or an error raised in it reads as under plain python; with STACKS (the
@@ -204,8 +207,9 @@ def door(
             token = enter(*args, **kwargs)
             if token is None:
                 return original(*args, **kwargs)
+            called = token[1] if chooses else original
             try:
-                result = original(*args, **kwargs)
+                result = called(*args, **kwargs)
             except BaseException as error:
                 leave(token, error)
                 raise
@@ -216,7 +220,7 @@ def door(
         twin = as_importlib_frame(through, name, stands_for=original, importing=importing)
         # A bound method is bound by no instance again: the twin's way not to be bound, as a builtin is not.
         return twin if binds else _BoundMethod(twin, original)
-    made = make(original, enter, leave, stacks, binds)
+    made = make(original, enter, leave, stacks, binds, chooses)
     look_like(made, original)  # the rest a Door reads from ORIGINAL: __globals__, __code__, __defaults__...
     return made
 

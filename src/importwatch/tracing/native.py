@@ -2,8 +2,11 @@
 
 The start line is written before dlopen is called: dlopen holds the GIL, so
 while it hangs nothing in Python can speak, and the last start line without an
-end is what names the culprit. The call itself runs through a frame named
-after the file, so faulthandler's dump of the hung thread names it too.
+end is what names the culprit. The call itself runs through a frame named after
+the file, so faulthandler's dump of the hung thread names it too. For an
+extension module that frame is the only one of ours below the load: a door
+(hook.door) stands in importlib's create_module and chooses it, so a module
+body that the extension's init imports is one frame deeper than plain python's.
 """
 
 import _frozen_importlib_external as _external
@@ -12,7 +15,7 @@ import sys
 
 from importwatch.events import NATIVE, NATIVE_END, VERDICT
 from importwatch.tracing.accelerator import ACCELERATOR
-from importwatch.tracing.hook import as_importlib_frame, hidden, traced
+from importwatch.tracing.hook import as_importlib_frame, door, hidden, traced
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -23,6 +26,10 @@ if TYPE_CHECKING:
     from importwatch.facts.mapped import MappedObjects
     from importwatch.tracing.hook import TracedStep, Tracer
     from importwatch.tracing.standby import Standby
+
+    # A load in flight, from its start line to its end line: its step, the step's depth, the fields of
+    # its lines, and whether what is mapped may grow (see _announce).
+    Load = tuple[TracedStep, int, dict[str, Any], bool]
 
     # What a file links, as (needed, rpath, runpath, soname): facts/elf.py's DynamicInfo as a tuple.
     Dynamic = tuple[tuple[str, ...], str | None, str | None, str | None]
@@ -96,16 +103,34 @@ class NativeLoads:
 
     def install(self) -> None:
         if self._create_module is None:
-            self._create_module = _external.ExtensionFileLoader.create_module
-            original = self._create_module
+            self._create_module = original = _external.ExtensionFileLoader.create_module
             loads = self
 
-            def create_module(loader: "Any", spec: "Any") -> "Any":
-                return loads.load(original, (loader, spec), spec.origin, spec.name)
+            if traced is None:
 
-            # Under create_module's own globals (its frame reads only its closure): see as_importlib_frame.
-            _external.ExtensionFileLoader.create_module = hidden(
-                as_importlib_frame(create_module, stands_for=original)
+                def dlopen(*args: "Any") -> "Any":
+                    return original(*args)
+
+            else:
+
+                def dlopen(*args: "Any") -> "Any":
+                    return traced(original, *args)  # the load is the program's: seen by its trace functions
+
+            def enter(loader: "Any", spec: "Any") -> "tuple[Load, Callable] | None":
+                try:
+                    path, owner = spec.origin, spec.name
+                    called = as_importlib_frame(dlopen, f"dlopen {path} for {owner}")  # see _named_call
+                except Exception as error:  # a spec that is no spec: the load meets it as without us
+                    loads.tracer.internal_error("naming a native load", error)
+                    return None
+                return loads.begin(path, owner), called
+
+            def leave(token: "tuple[Load, Callable]", error: "BaseException | None") -> None:
+                loads.end(token[0], error)
+
+            # Under importlib's name (the pure twin's frames: see as_importlib_frame), reading only their closure.
+            _external.ExtensionFileLoader.create_module = door(
+                original, as_importlib_frame(enter), as_importlib_frame(leave), chooses=True
             )
         ctypes = sys.modules.get("ctypes")
         if ctypes is not None:
@@ -144,37 +169,52 @@ class NativeLoads:
         ctypes._dlopen = hidden(_dlopen, binds=False)
 
     def load(self, function: "Callable", args: tuple, path: str, owner: str) -> "Any":
-        """Call FUNCTION(*ARGS), which dlopens PATH for OWNER, between a start and an end line.
-
-        Before the call, everything a hang report needs is already written: the
-        file, the CUDA libraries it links, and any verdict about them.
-        """
-        tracer = self.tracer
-        frame, depth = tracer.push(f"dlopen {path}", "native")
-        fields: dict[str, Any] = {"path": path, "owner": owner}
-        try:  # from the push on: whatever fails, ours or the load, the step is popped
-            rescan = self._announce(frame, depth, fields)
+        """Call FUNCTION(*ARGS), which dlopens PATH for OWNER, between a start and an end line (a ctypes load)."""
+        load = self.begin(path, owner)
+        try:
             result = _named_call(path, owner)(function, *args)
         except BaseException as error:
-            now = tracer.pop(frame)
-            ms = (now - frame.start) * 1000.0
-            fields.update(ms=ms, error=f"{type(error).__name__}: {error}")
+            self.end(load, error)
+            raise
+        self.end(load, None)
+        return result
+
+    def begin(self, path: str, owner: str) -> "Load":
+        """The load of PATH for OWNER in flight, its start line written.
+
+        Before dlopen is called, everything a hang report needs is already written: the
+        file, the CUDA libraries it links, and any verdict about them.
+        """
+        frame, depth = self.tracer.push(f"dlopen {path}", "native")
+        fields: dict[str, Any] = {"path": path, "owner": owner}
+        try:  # from the push on: whatever fails, the step is popped
+            rescan = self._announce(frame, depth, fields)
+        except BaseException as error:
+            self.end((frame, depth, fields, False), error)
+            raise
+        return frame, depth, fields, rescan
+
+    def end(self, load: "Load", error: "BaseException | None") -> None:
+        """LOAD out of flight, its end line written: what it mapped, or the ERROR that ended it and why."""
+        frame, depth, fields, rescan = load
+        tracer = self.tracer
+        now = tracer.pop(frame)
+        fields["ms"] = (now - frame.start) * 1000.0
+        path = fields["path"]
+        if error is not None:
+            fields["error"] = f"{type(error).__name__}: {error}"
             tracer.write(NATIVE_END, fields, depth)
             if isinstance(error, (ImportError, OSError)):
                 try:
                     self._explain(str(error), path)
                 except Exception as ours:  # the load's own error passes through, never ours
                     tracer.internal_error("explaining a failed load", ours)
-            raise
-        now = tracer.pop(frame)
-        ms = (now - frame.start) * 1000.0
-        fields["ms"] = ms
+            return
         try:
             self._pulled_in(rescan, path, fields)
-        except Exception as error:
-            tracer.internal_error("the libraries a load mapped", error)
+        except Exception as ours:
+            tracer.internal_error("the libraries a load mapped", ours)
         tracer.write(NATIVE_END, fields, depth)
-        return result
 
     def _announce(self, frame: "TracedStep", depth: int, fields: "dict[str, Any]") -> bool:
         """The start line and any verdict, before dlopen; True when the mapped set may grow."""
@@ -322,4 +362,5 @@ class NativeLoads:
         except Exception:  # no dl_iterate_phdr, a ctypes that is not the standard one, ...
             self._loaded = False
 
-    load = as_importlib_frame(load)
+    # Under importlib's name: a failed import's traceback drops them, as it drops importlib's own frames.
+    load, begin, end = as_importlib_frame(load), as_importlib_frame(begin), as_importlib_frame(end)
