@@ -116,11 +116,16 @@ class NativeLoads:
                 def dlopen(*args: "Any") -> "Any":
                     return traced(original, *args)  # the load is the program's: seen by its trace functions
 
-            def enter(loader: "Any", spec: "Any") -> "tuple[Load, Callable] | None":
+            def enter(*args: "Any", **kwargs: "Any") -> "tuple[Load, Callable] | None":
+                if kwargs or len(args) != 2:
+                    return None  # not importlib's call, (loader, spec): the function meets it as without us
                 try:
-                    path, owner = spec.origin, spec.name
+                    path, owner = args[1].origin, args[1].name
+                except Exception:  # a spec that is no spec: the same
+                    return None
+                try:
                     called = as_importlib_frame(dlopen, f"dlopen {path} for {owner}")  # see _named_call
-                except Exception as error:  # a spec that is no spec: the load meets it as without us
+                except Exception as error:
                     loads.tracer.internal_error("naming a native load", error)
                     return None
                 return loads.begin(path, owner), called
