@@ -102,6 +102,7 @@ class NativeLoads:
         return found
 
     def install(self) -> None:
+        """A door in ExtensionFileLoader.create_module's place, and ctypes wrapped if the program has it."""
         if self._create_module is None:
             self._create_module = original = _external.ExtensionFileLoader.create_module
             loads = self
@@ -133,7 +134,7 @@ class NativeLoads:
             def leave(token: "tuple[Load, Callable]", error: "BaseException | None") -> None:
                 loads.end(token[0], error)
 
-            # Under importlib's name (the pure twin's frames: see as_importlib_frame), reading only their closure.
+            # Under importlib's name: the pure twin's door calls them, and a failed import's traceback drops them.
             _external.ExtensionFileLoader.create_module = door(
                 original, as_importlib_frame(enter), as_importlib_frame(leave), chooses=True
             )
