@@ -92,6 +92,21 @@ def test_ctypes_missing_library_error_passes_through_unchanged() -> None:
     assert "] ! " in traced.stderr and "libdoes_not_exist_here.so.3" in traced.stderr.split("] ! ")[1]
 
 
+def test_ctypes_dlopen_reads_as_the_builtin_and_its_uncaught_error_as_under_plain_python() -> None:
+    # ctypes._dlopen is a door around the builtin: its names, and the traceback of a failed load, are plain's
+    # (the frame that names the file drops its own entry; so does the pure twin's door).
+    code = (
+        "import ctypes\n"
+        "print(ctypes._dlopen.__name__, ctypes._dlopen.__module__, ctypes._dlopen.__doc__.split('(')[0])\n"
+        "ctypes.CDLL('libdoes_not_exist_here.so.3')\n"
+    )
+    plain = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=clean_env())
+    traced_run = importwatch("--stderr", "none", "-c", code)
+    assert plain.returncode == traced_run.returncode == 1 and "OSError" in plain.stderr, plain.stderr
+    assert traced_run.stdout == plain.stdout == "dlopen _ctypes dlopen\n", traced_run.stdout
+    assert traced_run.stderr == plain.stderr
+
+
 def test_undefined_symbol_is_explained(tmp_path: Path) -> None:
     library = compile_shared(CUDA / "needs_c10.c", tmp_path / "libneeds_c10.so", extra=["-Wl,-z,now"])
     code = f"import ctypes\ntry:\n    ctypes.CDLL({str(library)!r})\nexcept OSError:\n    pass\n"

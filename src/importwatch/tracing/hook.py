@@ -211,6 +211,10 @@ def door(
             try:
                 result = called(*args, **kwargs)
             except BaseException as error:
+                if chooses and error.__traceback__ is not None:
+                    # What was chosen reads its error as it wants it read (a native load's: as dlopen raised
+                    # it); this frame, which the C door does not have, adds no entry.
+                    error.__traceback__ = error.__traceback__.tb_next
                 leave(token, error)
                 raise
             leave(token, None)

@@ -3,10 +3,10 @@
 The start line is written before dlopen is called: dlopen holds the GIL, so
 while it hangs nothing in Python can speak, and the last start line without an
 end is what names the culprit. The call itself runs through a frame named after
-the file, so faulthandler's dump of the hung thread names it too. For an
-extension module that frame is the only one of ours below the load: a door
-(hook.door) stands in importlib's create_module and chooses it, so a module
-body that the extension's init imports is one frame deeper than plain python's.
+the file, so faulthandler's dump of the hung thread names it too. That frame is
+the only one of ours below the load: a door (hook.door) stands in importlib's
+create_module and in ctypes' _dlopen and chooses it, so a module body that an
+extension's init imports is one frame deeper than under plain python.
 """
 
 import _frozen_importlib_external as _external
@@ -15,7 +15,7 @@ import sys
 
 from importwatch.events import NATIVE, NATIVE_END, VERDICT
 from importwatch.tracing.accelerator import ACCELERATOR
-from importwatch.tracing.hook import as_importlib_frame, door, hidden, traced
+from importwatch.tracing.hook import as_importlib_frame, door, traced
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -41,27 +41,49 @@ if TYPE_CHECKING:
 FIRST_FACTS = ("importwatch.facts.libnames", "importwatch.facts.mapped")
 
 
-# The load itself is the program's: its constructors and a module's init, seen by its trace functions (hook.traced).
-if traced is None:
+def _dlopen_through(original: "Callable", clean: bool) -> "Callable":
+    """What a native load's door calls in ORIGINAL's place, renamed for each load after its file (see
+    NativeLoads._door): ORIGINAL, called as the program's (its constructors and a module's init, seen by
+    the program's trace functions: hook.traced). CLEAN: an error passes through as ORIGINAL raised it,
+    this frame's entry dropped from its traceback (a ctypes load; a failed import drops it by itself).
+    A hung dlopen holds the GIL, and then faulthandler's dump is all that can speak: this frame names the
+    file there. Filed under importlib's name, as our other frames on the import path."""
+    if not clean:
 
-    def _call(function: "Callable", *args: "Any") -> "Any":
-        return function(*args)
+        def dlopen(*args: "Any") -> "Any":
+            return original(*args) if traced is None else traced(original, *args)
 
-else:
+        return dlopen
 
-    def _call(function: "Callable", *args: "Any") -> "Any":
-        return traced(function, *args)
+    def dlopen_clean(*args: "Any") -> "Any":
+        try:
+            return original(*args) if traced is None else traced(original, *args)
+        except BaseException as error:
+            error.__traceback__ = None  # nothing below: dlopen is a builtin
+            raise
+
+    return dlopen_clean
 
 
-def _named_call(path: str, owner: str) -> "Callable":
-    """_call, its frame shown by faulthandler as `... in dlopen PATH for OWNER`.
+def _extension_load(*args: "Any") -> "tuple[str, str] | None":
+    """The file and module of importlib's call ExtensionFileLoader.create_module(loader, spec); None for
+    another call (a spec that is no spec), which meets the function as without us."""
+    if len(args) != 2:
+        return None
+    try:
+        return args[1].origin, args[1].name
+    except Exception:
+        return None
 
-    A hung dlopen holds the GIL, and then faulthandler's dump is all that can
-    speak; its frames would only say create_module. Like our other frames on the
-    import path, it is filed under importlib's name, so CPython strips it from
-    the traceback of a failed import.
-    """
-    return as_importlib_frame(_call, f"dlopen {path} for {owner}")
+
+def _library_load(*args: "Any") -> "tuple[str, str] | None":
+    """The library of a call ctypes._dlopen(name, mode); None for the main program's own symbols (no name)."""
+    if not args or args[0] is None:
+        return None
+    try:
+        return str(args[0]), "ctypes"
+    except Exception:
+        return None
 
 
 class NativeLoads:
@@ -105,42 +127,38 @@ class NativeLoads:
         """A door in ExtensionFileLoader.create_module's place, and ctypes wrapped if the program has it."""
         if self._create_module is None:
             self._create_module = original = _external.ExtensionFileLoader.create_module
-            loads = self
-
-            if traced is None:
-
-                def dlopen(*args: "Any") -> "Any":
-                    return original(*args)
-
-            else:
-
-                def dlopen(*args: "Any") -> "Any":
-                    return traced(original, *args)  # the load is the program's: seen by its trace functions
-
-            def enter(*args: "Any", **kwargs: "Any") -> "tuple[Load, Callable] | None":
-                if kwargs or len(args) != 2:
-                    return None  # not importlib's call, (loader, spec): the function meets it as without us
-                try:
-                    path, owner = args[1].origin, args[1].name
-                except Exception:  # a spec that is no spec: the same
-                    return None
-                try:
-                    called = as_importlib_frame(dlopen, f"dlopen {path} for {owner}")  # see _named_call
-                except Exception as error:
-                    loads.tracer.internal_error("naming a native load", error)
-                    return None
-                return loads.begin(path, owner), called
-
-            def leave(token: "tuple[Load, Callable]", error: "BaseException | None") -> None:
-                loads.end(token[0], error)
-
-            # Under importlib's name: the pure twin's door calls them, and a failed import's traceback drops them.
-            _external.ExtensionFileLoader.create_module = door(
-                original, as_importlib_frame(enter), as_importlib_frame(leave), chooses=True
-            )
+            _external.ExtensionFileLoader.create_module = self._door(original, _extension_load, clean=False)
         ctypes = sys.modules.get("ctypes")
         if ctypes is not None:
             self.wrap_ctypes(ctypes)
+
+    def _door(self, original: "Callable", load_of: "Callable", clean: bool) -> "Callable":
+        """ORIGINAL, which dlopens, in a door (hook.door) that makes each call LOAD_OF names a load.
+
+        Its enter puts the load in flight and writes the start line (begin), then chooses what the door
+        calls: _dlopen_through's function, named `dlopen PATH for OWNER`, the one frame of ours below
+        the load. Its leave writes the end line (end). Neither is on the stack while the load runs.
+        """
+        loads = self
+        through = _dlopen_through(original, clean)
+
+        def enter(*args: "Any", **kwargs: "Any") -> "tuple[Load, Callable] | None":
+            found = None if kwargs else load_of(*args)
+            if found is None:
+                return None
+            path, owner = found
+            try:
+                called = as_importlib_frame(through, f"dlopen {path} for {owner}")
+            except Exception as error:
+                loads.tracer.internal_error("naming a native load", error)
+                return None
+            return loads.begin(path, owner), called
+
+        def leave(token: "tuple[Load, Callable]", error: "BaseException | None") -> None:
+            loads.end(token[0], error)
+
+        # Under importlib's name: the pure twin's door calls them, and a failed import's traceback drops them.
+        return door(original, as_importlib_frame(enter), as_importlib_frame(leave), chooses=True)
 
     def arrivals(self) -> "dict[str, Callable[[Any], None]]":
         """ctypes, wrapped when it arrives if it has not yet (Session connects it)."""
@@ -159,31 +177,8 @@ class NativeLoads:
         original = getattr(ctypes, "_dlopen", None)
         if original is None or self._ctypes is not None:
             return
-        loads = self
-
-        def _dlopen(name: "Any", *args: "Any") -> "Any":
-            if name is None:  # the main program's own symbols: nothing is loaded
-                return original(name, *args)
-            try:
-                return loads.load(original, (name, *args), str(name), "ctypes")
-            except BaseException as error:
-                # The error passes through as dlopen raised it; only our frames are dropped.
-                error.__traceback__ = None
-                raise
-
         self._ctypes, self._ctypes_dlopen = ctypes, original
-        ctypes._dlopen = hidden(_dlopen, binds=False)
-
-    def load(self, function: "Callable", args: tuple, path: str, owner: str) -> "Any":
-        """Call FUNCTION(*ARGS), which dlopens PATH for OWNER, between a start and an end line (a ctypes load)."""
-        load = self.begin(path, owner)
-        try:
-            result = _named_call(path, owner)(function, *args)
-        except BaseException as error:
-            self.end(load, error)
-            raise
-        self.end(load, None)
-        return result
+        ctypes._dlopen = self._door(original, _library_load, clean=True)
 
     def begin(self, path: str, owner: str) -> "Load":
         """The load of PATH for OWNER in flight, its start line written.
@@ -369,4 +364,4 @@ class NativeLoads:
             self._loaded = False
 
     # Under importlib's name: a failed import's traceback drops them, as it drops importlib's own frames.
-    load, begin, end = as_importlib_frame(load), as_importlib_frame(begin), as_importlib_frame(end)
+    begin, end = as_importlib_frame(begin), as_importlib_frame(end)
