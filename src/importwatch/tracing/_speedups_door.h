@@ -18,6 +18,7 @@
  * A door that CHOOSES lets ENTER name what is called in the function's place: ENTER returns None or
  * (token, function), and FUNCTION, ours, is called with the arguments, unseen by the program's trace
  * functions as ENTER is (it calls the program's part through ACCELERATOR.traced); LEAVE gets the pair.
+ * Its frame's entry is taken out of the traceback of an error it passes on (drop_chosen_entry).
  * A native load's door (native.py) calls a function named after the file, so that faulthandler's dump
  * of a hung dlopen names it: the one frame of ours below what the load runs.
  *
@@ -75,6 +76,50 @@ static PyObject *door_ours(PyThreadState *tstate, PyObject *callable, PyObject *
     return result;
 }
 
+/* The chosen function's own frame, CHOSEN's, out of the head of the error's traceback: the error reads as if
+   the function the door stands for had raised it, as a door with no frame of its own leaves it (a failed
+   ctypes load's OSError; a failed import's traceback drops importlib's frames anyway). Anything else is
+   left as it is. Rare: only where a chosen call fails. */
+RARE static void drop_chosen_entry(Saved *error, PyObject *chosen) {
+    if (error->value == NULL || !PyFunction_Check(chosen)) {
+        return;
+    }
+#if PY_VERSION_HEX >= 0x030C0000
+    PyObject *head = PyException_GetTraceback(error->value);
+#else
+    PyObject *head = error->traceback;
+    Py_XINCREF(head);
+#endif
+    if (head == NULL) {
+        return;
+    }
+    PyObject *frame = PyObject_GetAttrString(head, "tb_frame");
+    PyObject *code = frame == NULL ? NULL : PyObject_GetAttrString(frame, "f_code");
+    PyObject *next = code == PyFunction_GET_CODE(chosen) ? PyObject_GetAttrString(head, "tb_next") : NULL;
+    Py_XDECREF(frame);
+    Py_XDECREF(code);
+    Py_DECREF(head);
+    if (next == NULL) {
+        PyErr_Clear(); /* not the chosen function's entry, or unreadable: left */
+        return;
+    }
+    if (PyException_SetTraceback(error->value, next) < 0) {
+        PyErr_Clear();
+        Py_DECREF(next);
+        return;
+    }
+#if PY_VERSION_HEX >= 0x030C0000
+    Py_DECREF(next);
+#else
+    Py_XDECREF(error->traceback);
+    if (next == Py_None) {
+        Py_DECREF(next);
+        next = NULL;
+    }
+    error->traceback = next;
+#endif
+}
+
 static PyObject *door_call(PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     Door *self = (Door *)callable;
     if (self->enter == Py_None) { /* a function of ours in the place of another (hook.hidden): ours, all of it */
@@ -108,6 +153,9 @@ static PyObject *door_call(PyObject *callable, PyObject *const *args, size_t nar
     Saved error = {NULL, NULL, NULL};
     if (result == NULL) {
         save_error(&error);
+        if (self->chooses) {
+            drop_chosen_entry(&error, PyTuple_GET_ITEM(token, 1));
+        }
     }
     PyObject *pair[2] = {token, error.value ? error.value : Py_None};
     PyObject *left = door_ours(tstate, self->leave, pair, 2, NULL);

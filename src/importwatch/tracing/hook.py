@@ -211,10 +211,12 @@ def door(
             try:
                 result = called(*args, **kwargs)
             except BaseException as error:
-                if chooses and error.__traceback__ is not None:
-                    # What was chosen reads its error as it wants it read (a native load's: as dlopen raised
-                    # it); this frame, which the C door does not have, adds no entry.
-                    error.__traceback__ = error.__traceback__.tb_next
+                ours = error.__traceback__  # this frame's entry first, then the chosen function's
+                chosen = ours.tb_next if chooses and ours is not None else None
+                if chosen is not None and chosen.tb_frame.f_code is getattr(called, "__code__", None):
+                    # The error reads as if ORIGINAL had raised it, as the C door leaves it (from 3.11:
+                    # before, a bare raise re-raises the traceback as it was caught).
+                    error.__traceback__ = chosen.tb_next
                 leave(token, error)
                 raise
             leave(token, None)

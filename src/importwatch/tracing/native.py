@@ -41,28 +41,17 @@ if TYPE_CHECKING:
 FIRST_FACTS = ("importwatch.facts.libnames", "importwatch.facts.mapped")
 
 
-def _dlopen_through(original: "Callable", clean: bool) -> "Callable":
+def _dlopen_through(original: "Callable") -> "Callable":
     """What a native load's door calls in ORIGINAL's place, renamed for each load after its file (see
     NativeLoads._door): ORIGINAL, called as the program's (its constructors and a module's init, seen by
-    the program's trace functions: hook.traced). CLEAN: an error passes through as ORIGINAL raised it,
-    this frame's entry dropped from its traceback (a ctypes load; a failed import drops it by itself).
-    A hung dlopen holds the GIL, and then faulthandler's dump is all that can speak: this frame names the
-    file there. Filed under importlib's name, as our other frames on the import path."""
-    if not clean:
+    the program's trace functions: hook.traced). A hung dlopen holds the GIL, and then faulthandler's dump
+    is all that can speak: this frame names the file there. Filed under importlib's name, as our other
+    frames on the import path; the door takes its entry out of the traceback of an error it passes on."""
 
-        def dlopen(*args: "Any") -> "Any":
-            return original(*args) if traced is None else traced(original, *args)
+    def dlopen(*args: "Any") -> "Any":
+        return original(*args) if traced is None else traced(original, *args)
 
-        return dlopen
-
-    def dlopen_clean(*args: "Any") -> "Any":
-        try:
-            return original(*args) if traced is None else traced(original, *args)
-        except BaseException as error:
-            error.__traceback__ = None  # nothing below: dlopen is a builtin
-            raise
-
-    return dlopen_clean
+    return dlopen
 
 
 def _extension_load(*args: "Any") -> "tuple[str, str] | None":
@@ -127,12 +116,12 @@ class NativeLoads:
         """A door in ExtensionFileLoader.create_module's place, and ctypes wrapped if the program has it."""
         if self._create_module is None:
             self._create_module = original = _external.ExtensionFileLoader.create_module
-            _external.ExtensionFileLoader.create_module = self._door(original, _extension_load, clean=False)
+            _external.ExtensionFileLoader.create_module = self._door(original, _extension_load)
         ctypes = sys.modules.get("ctypes")
         if ctypes is not None:
             self.wrap_ctypes(ctypes)
 
-    def _door(self, original: "Callable", load_of: "Callable", clean: bool) -> "Callable":
+    def _door(self, original: "Callable", load_of: "Callable") -> "Callable":
         """ORIGINAL, which dlopens, in a door (hook.door) that makes each call LOAD_OF names a load.
 
         Its enter puts the load in flight and writes the start line (begin), then chooses what the door
@@ -140,7 +129,7 @@ class NativeLoads:
         the load. Its leave writes the end line (end). Neither is on the stack while the load runs.
         """
         loads = self
-        through = _dlopen_through(original, clean)
+        through = _dlopen_through(original)
 
         def enter(*args: "Any", **kwargs: "Any") -> "tuple[Load, Callable] | None":
             found = None if kwargs else load_of(*args)
@@ -178,7 +167,7 @@ class NativeLoads:
         if original is None or self._ctypes is not None:
             return
         self._ctypes, self._ctypes_dlopen = ctypes, original
-        ctypes._dlopen = self._door(original, _library_load, clean=True)
+        ctypes._dlopen = self._door(original, _library_load)
 
     def begin(self, path: str, owner: str) -> "Load":
         """The load of PATH for OWNER in flight, its start line written.
