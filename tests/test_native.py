@@ -11,7 +11,7 @@ import pytest
 
 from cbuild import FIXTURES, compile_extension, compile_shared, stand_in_torch
 from helpers import clean_env, importwatch, traced
-from test_side_by_side import _ours_removed
+from test_side_by_side import _ours_removed, three_ways
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.slow]
 CUDA = FIXTURES / "cuda"
@@ -80,7 +80,7 @@ def test_torch_facts_are_logged_before_its_import_starts(kernels: Path, tmp_path
     assert any(line.startswith("torch 2.3.1+cu121 (built for CUDA 12.1) at ") for line in lines[facts + 1 :])
 
 
-def test_ctypes_missing_library_error_passes_through_unchanged() -> None:
+def test_ctypes_missing_library_error_passes_through_unchanged(tmp_path: Path) -> None:
     # ctypes._dlopen is a door around the builtin: it reads as the builtin, and a failed load's error, caught
     # or not, is plain python's (the frame that names the file takes its entry out; so does the pure twin's door).
     code = (
@@ -90,19 +90,53 @@ def test_ctypes_missing_library_error_passes_through_unchanged() -> None:
         "except OSError as error:\n    print(type(error).__name__, error.errno, error)\n"
         "ctypes.CDLL('libdoes_not_exist_here.so.3')\n"
     )
-    plain = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=clean_env())
-    traced_run = importwatch("-c", code)
-    assert traced_run.stdout == plain.stdout and "cannot open shared object file" in plain.stdout
-    assert plain.stdout.startswith("dlopen _ctypes dlopen\n"), plain.stdout
-    assert plain.returncode == traced_run.returncode == 1, traced_run.stderr
-    stderr = traced_run.stderr
-    assert "< dlopen libdoes_not_exist_here.so.3 " in stderr and " failed OSError: " in stderr
-    assert "] ! " in stderr and "libdoes_not_exist_here.so.3" in stderr.split("] ! ")[1]
-    if os.environ.get("IMPORTWATCH_PURE") == "1" and sys.version_info < (3, 11):
-        # The pure twin before 3.11: a bare raise re-raises the traceback as it was caught (docs/limits.md).
-        assert _ours_removed(stderr).count(", in dlopen") == 2, stderr
-        return
-    assert _ours_removed(stderr) == plain.stderr
+    runs = three_ways(["-c", code], tmp_path)
+    plain = runs["plain"]
+    assert (
+        plain.stdout.startswith("dlopen _ctypes dlopen\n")
+        and "cannot open shared object file" in plain.stdout
+    )
+    for name in ("runner", "IMPORTWATCH=1"):
+        run = runs[name]
+        assert (run.returncode, run.stdout) == (plain.returncode, plain.stdout) == (1, plain.stdout), name
+        assert "< dlopen libdoes_not_exist_here.so.3 " in run.stderr and " failed OSError: " in run.stderr
+        assert "] ! " in run.stderr and "libdoes_not_exist_here.so.3" in run.stderr.split("] ! ")[1]
+        if os.environ.get("IMPORTWATCH_PURE") == "1" and sys.version_info < (3, 11):
+            # The pure twin before 3.11: a bare raise re-raises the traceback as it was caught (docs/limits.md).
+            assert _ours_removed(run.stderr).count(", in dlopen") == 2, run.stderr
+            continue
+        assert _ours_removed(run.stderr) == plain.stderr, name
+
+
+ODD_CREATE_MODULE = """\
+import importlib.machinery, importlib.util, sys
+spec = next(spec for spec in map(importlib.util.find_spec, ("_json", "_struct", "_csv", "select", "math"))
+            if spec is not None and (spec.origin or "").endswith(".so"))
+module = spec.loader.create_module(spec=spec)  # a keyword call
+print(type(module).__name__, module.__name__)
+try:
+    importlib.machinery.ExtensionFileLoader.create_module(spec.loader, object())  # a spec that is no spec
+except Exception as error:
+    print(type(error).__name__, error)
+"""
+
+
+def test_create_module_called_otherwise_than_by_importlib_behaves_as_under_plain_python(
+    tmp_path: Path,
+) -> None:
+    # The native load's door makes an event only of importlib's call, (loader, spec): any other call meets
+    # importlib's function as without importwatch, and no line of ours says anything about it.
+    runs = three_ways(
+        ["-c", ODD_CREATE_MODULE],
+        tmp_path,
+        runner_options=("--stderr", "stalls"),
+        IMPORTWATCH_STDERR="stalls",
+    )
+    plain = runs["plain"]
+    assert plain.returncode == 0 and plain.stdout.count("\n") == 2 and "AttributeError" in plain.stdout, plain
+    for name in ("runner", "IMPORTWATCH=1"):
+        run = runs[name]
+        assert (run.returncode, run.stdout, run.stderr) == (0, plain.stdout, plain.stderr), name
 
 
 def test_undefined_symbol_is_explained(tmp_path: Path) -> None:
