@@ -1,7 +1,5 @@
 """The command line: parse options, dispatch to the runner or a subcommand, own the exit codes."""
 
-from __future__ import annotations
-
 import os
 import sys
 
@@ -71,7 +69,7 @@ IMPORTWATCH=1 traces every Python process that has it in its environment
 """
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: "list[str] | None" = None) -> int:
     """The console script: `python -m importwatch` with the interpreter the script was installed for."""
     launch = prepare(argv)
     if isinstance(launch, int):
@@ -82,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     return EXIT_OK
 
 
-def prepare(argv: list[str] | None = None, path0_taken: bool = False) -> int | Launch:
+def prepare(argv: "list[str] | None" = None, path0_taken: bool = False) -> "int | Launch":
     """Everything before the program runs: an exit status when there is nothing to run, else what to run.
 
     PATH0_TAKEN: `python -m importwatch` took the working folder off the front of sys.path
@@ -109,7 +107,7 @@ def prepare(argv: list[str] | None = None, path0_taken: bool = False) -> int | L
     return _start(options, target, path0_taken)
 
 
-def _subcommand_first(args: list[str], target: Target) -> str:
+def _subcommand_first(args: "list[str]", target: "Target") -> str:
     """`importwatch --timeout 5 doctor`: the subcommand's name came after options, where a script's
     goes, and no such file is here. What to type instead."""
     import shlex
@@ -129,7 +127,7 @@ def _version_text() -> str:
     return f"importwatch {__version__} (hot path: {HOT_PATH})\n"
 
 
-def parse(args: list[str]) -> tuple[dict | None, Target | None]:
+def parse(args: "list[str]") -> "tuple[dict | None, Target | None]":
     """Options up to the target; the target and everything after it untouched."""
     texts = {"-h": USAGE, "--help": USAGE, "--version": _version_text() if "--version" in args else ""}
     parsed = options_then_target(
@@ -138,7 +136,7 @@ def parse(args: list[str]) -> tuple[dict | None, Target | None]:
     return (None, None) if parsed is None else parsed
 
 
-def _start(options: dict, target: Target, path0_taken: bool = False) -> int | Launch:
+def _start(options: dict, target: "Target", path0_taken: bool = False) -> "int | Launch":
     from importwatch.tracing import runner
 
     try:
@@ -158,7 +156,9 @@ def _start(options: dict, target: Target, path0_taken: bool = False) -> int | La
     return _in_process(settings, warnings, target, path0_taken)
 
 
-def _in_process(settings: Settings, warnings: list[str], target: Target, path0_taken: bool) -> int | Launch:
+def _in_process(
+    settings: "Settings", warnings: "list[str]", target: "Target", path0_taken: bool
+) -> "int | Launch":
     """The fallback: the program runs in this process, through runpy's ways (see tracing/runner.py)."""
     from importwatch.tracing import runner, session
 
@@ -181,7 +181,7 @@ def _in_process(settings: Settings, warnings: list[str], target: Target, path0_t
     return launch
 
 
-def _subcommand(name: str, args: list[str]) -> int:
+def _subcommand(name: str, args: "list[str]") -> int:
     """doctor, bisect, report and inspect live in their own modules, imported only when asked for."""
     import importlib
 

@@ -25,6 +25,11 @@ ENV_STDERR = "IMPORTWATCH_STDERR"
 # Private: the runner's process execs python with this set (see to_runner); the traced process
 # takes it out of its environment as it activates, so neither the program nor its children see it.
 ENV_RUNNER = "IMPORTWATCH_RUNNER"
+# The .pth that pyproject.toml installs, whose line activates tracing when IMPORTWATCH is set: the
+# runner execs python only where it is installed (tracing/runner.py), and its own line is no step
+# of the program's (tracing/pthlines.py). Here, not in pthlines.py: the runner's own interpreter
+# reads it without loading the tracing that only the exec'd python runs.
+OUR_PTH = "00-importwatch.pth"
 
 # What goes to stderr: every line, only what says something is wrong, or nothing of ours.
 STDERR_ALL = "all"

@@ -1,7 +1,5 @@
 """Command lines: one kind of usage error, said one way (a line on stderr, exit 2), and where the target starts."""
 
-from __future__ import annotations
-
 import sys
 
 from importwatch.tracing.runner import Target
@@ -24,7 +22,7 @@ def fail(message: object) -> int:
     return EXIT_USAGE
 
 
-def did_you_mean(word: str, choices: list[str]) -> str:
+def did_you_mean(word: str, choices: "list[str]") -> str:
     """'; did you mean --timeout?' when WORD looks like a typo of one of CHOICES; else ''."""
     import difflib  # on this error path only: the runner's start-up imports nothing python does not
 
@@ -34,7 +32,7 @@ def did_you_mean(word: str, choices: list[str]) -> str:
     return f"; did you mean {bare[close[0]]}?" if close else ""
 
 
-def value_of(args: list[str], index: int) -> tuple[str, int]:
+def value_of(args: "list[str]", index: int) -> "tuple[str, int]":
     """The value of the option ARGS[INDEX]: what follows its `=`, else the next word; and where it was."""
     name, equals, value = args[index].partition("=")
     if equals:
@@ -45,13 +43,13 @@ def value_of(args: list[str], index: int) -> tuple[str, int]:
 
 
 def options_then_target(
-    args: list[str],
+    args: "list[str]",
     command: str,
-    texts: dict[str, str],
-    values: dict[str, tuple[str, Callable[[str, str], Any]]],
-    flags: dict[str, tuple[str, Any]],
+    texts: "dict[str, str]",
+    values: "dict[str, tuple[str, Callable[[str, str], Any]]]",
+    flags: "dict[str, tuple[str, Any]]",
     stdin: bool = False,
-) -> tuple[dict[str, Any], Target] | None:
+) -> "tuple[dict[str, Any], Target] | None":
     """A runner's command line: its options up to the program, then the program (see target_at).
 
     VALUES maps an option that takes a value (`--x V` or `--x=V`) to the key it sets and
@@ -87,7 +85,7 @@ def options_then_target(
     return options, target_at(args, index, command, stdin)
 
 
-def target_at(args: list[str], index: int, command: str, stdin: bool = False) -> Target:
+def target_at(args: "list[str]", index: int, command: str, stdin: bool = False) -> "Target":
     """The program to run, from ARGS[INDEX] on, once the caller has taken its own options.
 
     `-m MODULE` and `-c CODE` start it, `--` ends the options, and the first word
@@ -114,7 +112,7 @@ def target_at(args: list[str], index: int, command: str, stdin: bool = False) ->
     return Target("script", args[index], args[index + 1 :])
 
 
-def argument_parser(**kwargs: object) -> Any:  # an argparse.ArgumentParser with add_switch
+def argument_parser(**kwargs: object) -> "Any":  # an argparse.ArgumentParser with add_switch
     """argparse, but a bad command line is a UsageError (one line, exit 2), never usage text."""
     import argparse
 
@@ -126,7 +124,7 @@ def argument_parser(**kwargs: object) -> Any:  # an argparse.ArgumentParser with
                 message += did_you_mean(word, list(self._option_string_actions))
             raise UsageError(message)
 
-        def add_switch(self, name: str, default: bool | None, help: str) -> None:
+        def add_switch(self, name: str, default: "bool | None", help: str) -> None:
             """NAME and its --no- twin; DEFAULT when neither is given (None: decided later)."""
             self.add_argument(name, action=argparse.BooleanOptionalAction, default=default, help=help)
 

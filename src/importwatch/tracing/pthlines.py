@@ -11,6 +11,7 @@ wrapped (site looks it up by name for each .pth), and only while a .pth is read 
 import os
 import sys
 
+from importwatch.config import OUR_PTH  # its own line (site may run it twice) is ours, never a step
 from importwatch.tracing import phases
 from importwatch.tracing.accelerator import ACCELERATOR
 from importwatch.tracing.hook import door, hidden, traced
@@ -23,9 +24,6 @@ if TYPE_CHECKING:
     from importwatch.tracing.hook import Tracer
 
 STEP_NAME = ".pth"
-# What pyproject.toml installs: the .pth that switches tracing on. Its own line (site may run it
-# twice) is ours, never a step in the program's log.
-OUR_PTH = "00-importwatch.pth"
 _MARK = "_importwatch_pth"  # on our wrapper: site.addpackage is wrapped already
 # site's loop counts lines from 1 since 3.13, from 0 before.
 _FIRST_LINE = 0 if sys.version_info >= (3, 13) else 1

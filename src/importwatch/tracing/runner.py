@@ -18,8 +18,8 @@ import stat as _stat
 import sys
 import types
 
+from importwatch.config import OUR_PTH
 from importwatch.tracing import handback
-from importwatch.tracing.pthlines import OUR_PTH
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
