@@ -185,7 +185,7 @@ def test_activation_error_is_one_line_and_the_program_runs(installed: Path, tmp_
 
 def test_pth_is_a_single_guarded_line() -> None:
     lines = (ROOT / "src" / "importwatch.pth").read_text().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("import os;")
+    assert len(lines) == 1 and lines[0].startswith("import os, sys;")
     assert os.environ.get("IMPORTWATCH_NEVER_SET_IN_TESTS") is None
 
 

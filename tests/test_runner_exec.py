@@ -234,6 +234,57 @@ def test_the_runner_s_start_imports_neither_subprocess_nor_the_tracing_it_execs_
     assert not imported & {"subprocess", "selectors", "__future__", "importwatch.events", *tracing}
 
 
+SITECUSTOMIZE = """\
+import os, sys
+sys.stderr.write(f"sitecustomize ran in {os.getpid()}\\n")
+os.environ["SET_BY_SITECUSTOMIZE"] = "yes"
+"""
+
+
+@pytest.mark.skipif(
+    sys.version_info < (3, 10), reason="3.9 has no sys.orig_argv: its runner execs after site"
+)
+def test_site_s_own_customising_runs_once_under_the_runner_as_under_plain_python(tmp_path: Path) -> None:
+    """The runner's interpreter execs the program's python from importwatch's .pth line, as site starts:
+    a sitecustomize (and a .pth after ours) runs once, in the program's process, as under plain python,
+    and what it puts in os.environ is the program's alone, not passed on by the exec."""
+    (tmp_path / "custom").mkdir()
+    (tmp_path / "custom" / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    (tmp_path / "main.py").write_text("import os; print(os.environ.get('SET_BY_SITECUSTOMIZE'))\n")
+    runs = three_ways(
+        ["main.py"],
+        tmp_path,
+        runner_options=QUIET,
+        PYTHONPATH=str(tmp_path / "custom"),
+        IMPORTWATCH_STDERR="none",
+    )
+    for name, run in runs.items():
+        assert (run.returncode, run.stdout) == (0, "yes\n"), (name, run.stderr)
+        assert run.stderr.count("sitecustomize ran") == 1, (name, run.stderr)
+
+
+@pytest.mark.skipif(
+    sys.version_info < (3, 10), reason="3.9 has no sys.orig_argv: its runner execs after site"
+)
+def test_the_runner_s_interpreter_execs_before_runpy_or_anything_after_site_s_pth_files(
+    tmp_path: Path,
+) -> None:
+    """python -m imports runpy (with importlib.util, contextlib, collections) to run a module: milliseconds
+    the runner's own interpreter, which the exec replaces, no longer spends."""
+    traced = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "importwatch", *QUIET, "-c", "pass"],
+        cwd=tmp_path, capture_output=True, text=True, env=clean_env(), timeout=60,
+    )  # fmt: skip
+    assert traced.returncode == 0, traced.stderr
+    headers = [found.start() for found in re.finditer(r"^import time: self", traced.stderr, re.MULTILINE)]
+    assert len(headers) == 2, traced.stderr
+    imported = set(
+        re.findall(r"^import time:.*\|\s+(\S+)$", traced.stderr[headers[0] : headers[1]], re.MULTILINE)
+    )
+    assert "importwatch.cli" in imported
+    assert not imported & {"runpy", "sitecustomize", "importlib.util"}, sorted(imported)
+
+
 # -- where the exec cannot trace: the program runs in the runner's process -----------------------
 @pytest.mark.parametrize("flag", ["-I", "-S"])
 def test_under_a_flag_that_stops_the_pth_the_runner_traces_in_its_own_process(

@@ -107,6 +107,39 @@ def prepare(argv: "list[str] | None" = None, path0_taken: bool = False) -> "int 
     return _start(options, target, path0_taken)
 
 
+def exec_at_start(args: "list[str]") -> None:
+    """`python -m importwatch ARGS`, from importwatch's .pth line as site starts (_importwatch_boot.py):
+    exec the program's python at once, where ARGS run a program that the exec traces and nothing needs
+    saying first. This interpreter is replaced by the exec anyway: its start is then spared the rest of
+    site, runpy and -m's search (milliseconds), and a sitecustomize or a later .pth runs once, in the
+    program's process, as under plain python. Anything else returns with nothing done or said (a bad
+    command line, help, a subcommand, a program the exec cannot trace, an exec that failed): python
+    goes on to run `-m importwatch`, which does it the usual way (prepare)."""
+    if not args or args[0] in SUBCOMMANDS:
+        return
+    from importwatch.tracing import runner
+
+    try:
+        # No texts: -h, --help and --version are then no options of ours here, and prepare prints them.
+        options, target = options_then_target(
+            args, "importwatch", {}, config.VALUE_OPTIONS, config.FLAG_OPTIONS, stdin=True
+        )
+        if options.get("log"):
+            config.check_log_folder(options["log"], "--log")
+        runner.check(target)
+    except (UsageError, config.ConfigError, runner.CannotRun):
+        return
+    if target.kind == "script" and target.value in SUBCOMMANDS and not os.path.exists(target.value):
+        return
+    if runner.why_in_process() is not None:
+        return
+    settings, warnings = config.merge(options, watcher=True)
+    try:
+        runner.become_python(target, settings, warnings)  # returns only if the exec failed
+    except OSError:
+        pass
+
+
 def _subcommand_first(args: "list[str]", target: "Target") -> str:
     """`importwatch --timeout 5 doctor`: the subcommand's name came after options, where a script's
     goes, and no such file is here. What to type instead."""

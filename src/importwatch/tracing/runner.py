@@ -16,13 +16,13 @@ import builtins
 import os
 import stat as _stat
 import sys
-import types
 
 from importwatch.config import OUR_PTH
 from importwatch.tracing import handback
 
 TYPE_CHECKING = False
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # (types is not imported at run time: the runner's interpreter starts without it)
+    import types
     from typing import Any
 
     from importwatch.config import Settings
@@ -185,7 +185,7 @@ def launch(
             sys.path.insert(0, path0)
         elif sys.path:
             sys.path[0] = path0
-    main = types.ModuleType("__main__")
+    main = type(sys)("__main__")  # a module, as types.ModuleType makes it
     namespace = main.__dict__
     # What the interpreter puts in its own __main__ (runpy keeps it for -m): the builtins module,
     # not the dict exec() would add, and an empty __annotations__ (up to 3.13).
