@@ -214,22 +214,27 @@ def test_x_and_hash_checks_reach_the_program(tmp_path: Path, isolated: bool) -> 
     assert (traced.returncode, traced.stdout) == (0, plain.stdout), traced.stderr
 
 
-def test_the_runner_s_start_imports_neither_subprocess_nor_the_tracing_it_execs_into(tmp_path: Path) -> None:
-    """The runner's own interpreter, which the exec replaces, stays light: subprocess (with signal,
-    enum, selectors, threading) is not imported to learn the interpreter's flags, nor the tracing
-    that only the exec'd python runs (the hook, the sink, the lines' format, the C accelerator), nor
-    __future__. Each was milliseconds of every run's start."""
+def _the_runner_s_own_imports(tmp_path: Path) -> set[str]:
+    """What the runner's interpreter, the one the exec replaces, imports: its own -X importtime tree (the
+    option reaches the exec'd python too, and each interpreter prints its own header first)."""
     traced = subprocess.run(
         [sys.executable, "-X", "importtime", "-m", "importwatch", *QUIET, "-c", "pass"],
         cwd=tmp_path, capture_output=True, text=True, env=clean_env(), timeout=60,
     )  # fmt: skip
     assert traced.returncode == 0, traced.stderr
-    # -X importtime reaches the exec'd python too: each interpreter prints its own header first.
     headers = [found.start() for found in re.finditer(r"^import time: self", traced.stderr, re.MULTILINE)]
     assert len(headers) == 2, traced.stderr
     runners = traced.stderr[headers[0] : headers[1]]
-    imported = set(re.findall(r"^import time:.*\|\s+(\S+)$", runners, re.MULTILINE))  # at any depth
-    assert "importwatch.tracing.runner" in imported  # the runner's start is in what -X importtime printed
+    return set(re.findall(r"^import time:.*\|\s+(\S+)$", runners, re.MULTILINE))  # at any depth
+
+
+def test_the_runner_s_start_imports_neither_subprocess_nor_the_tracing_it_execs_into(tmp_path: Path) -> None:
+    """The runner's own interpreter, which the exec replaces, stays light: subprocess (with signal,
+    enum, selectors, threading) is not imported to learn the interpreter's flags, nor the tracing
+    that only the exec'd python runs (the hook, the sink, the lines' format, the C accelerator), nor
+    __future__. Each was milliseconds of every run's start."""
+    imported = _the_runner_s_own_imports(tmp_path)
+    assert "importwatch.cli" in imported  # the runner's start is in what -X importtime printed
     tracing = {f"importwatch.tracing.{name}" for name in ("hook", "sink", "pthlines", "_speedups")}
     assert not imported & {"subprocess", "selectors", "__future__", "importwatch.events", *tracing}
 
@@ -271,16 +276,7 @@ def test_the_runner_s_interpreter_execs_before_runpy_or_anything_after_site_s_pt
 ) -> None:
     """python -m imports runpy (with importlib.util, contextlib, collections) to run a module: milliseconds
     the runner's own interpreter, which the exec replaces, no longer spends."""
-    traced = subprocess.run(
-        [sys.executable, "-X", "importtime", "-m", "importwatch", *QUIET, "-c", "pass"],
-        cwd=tmp_path, capture_output=True, text=True, env=clean_env(), timeout=60,
-    )  # fmt: skip
-    assert traced.returncode == 0, traced.stderr
-    headers = [found.start() for found in re.finditer(r"^import time: self", traced.stderr, re.MULTILINE)]
-    assert len(headers) == 2, traced.stderr
-    imported = set(
-        re.findall(r"^import time:.*\|\s+(\S+)$", traced.stderr[headers[0] : headers[1]], re.MULTILINE)
-    )
+    imported = _the_runner_s_own_imports(tmp_path)
     assert "importwatch.cli" in imported
     assert not imported & {"runpy", "sitecustomize", "importlib.util"}, sorted(imported)
 
