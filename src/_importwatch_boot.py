@@ -106,7 +106,7 @@ class _LastChance:
             sys.meta_path.remove(self)
         if self.site.addpackage is self.wrapper:
             self.site.addpackage = self.addpackage
-            missed = _activate in _pending  # (the runner's exec missed: -m importwatch says it, if it fails)
+            missed = _activate in _pending  # (a runner's exec missed says nothing: -m importwatch will)
             _pending.clear()
             if missed:
                 _say(ModuleNotFoundError("importwatch cannot be imported (a broken install?)"))
