@@ -91,20 +91,15 @@ def prepare(argv: "list[str] | None" = None, path0_taken: bool = False) -> "int 
         if path0_taken:
             sys.path.append(os.getcwd())  # what a subcommand looks up there, behind everything of ours
         return _subcommand(args[0], args[1:])
+    texts = {"-h": USAGE, "--help": USAGE, "--version": _version_text() if "--version" in args else ""}
     try:
-        options, target = parse(args)
+        checked = _checked(args, texts)
     except UsageError as error:
         return fail(str(error))
-    if options is None:
-        return EXIT_OK
-    if options.get("log"):
-        try:
-            config.check_log_folder(options["log"], "--log")
-        except config.ConfigError as error:
-            return fail(str(error))
-    if target.kind == "script" and target.value in SUBCOMMANDS and not os.path.exists(target.value):
-        return fail(_subcommand_first(args, target))
-    return _start(options, target, path0_taken)
+    if checked is None:
+        return EXIT_OK  # the help or the version, printed
+    settings, warnings = _become_python(*checked)
+    return _in_process(settings, warnings, checked[1], path0_taken)
 
 
 def exec_at_start(args: "list[str]") -> None:
@@ -117,27 +112,54 @@ def exec_at_start(args: "list[str]") -> None:
     goes on to run `-m importwatch`, which does it the usual way (prepare)."""
     if not args or args[0] in SUBCOMMANDS:
         return
+    try:
+        checked = _checked(
+            args, {}
+        )  # no texts: -h, --help and --version are errors here; prepare prints them
+    except UsageError:
+        return
+    if checked is not None:
+        _become_python(*checked)
+
+
+def _checked(args: "list[str]", texts: "dict[str, str]") -> "tuple[dict, Target] | None":
+    """The options and the program that ARGS give, checked as far as they can be before it runs: None
+    when one of TEXTS was asked for (printed), a UsageError for anything wrong."""
     from importwatch.tracing import runner
 
+    parsed = options_then_target(
+        args, "importwatch", texts, config.VALUE_OPTIONS, config.FLAG_OPTIONS, stdin=True
+    )
+    if parsed is None:
+        return None
+    options, target = parsed
     try:
-        # No texts: -h, --help and --version are then no options of ours here, and prepare prints them.
-        options, target = options_then_target(
-            args, "importwatch", {}, config.VALUE_OPTIONS, config.FLAG_OPTIONS, stdin=True
-        )
         if options.get("log"):
             config.check_log_folder(options["log"], "--log")
+        if target.kind == "script" and target.value in SUBCOMMANDS and not os.path.exists(target.value):
+            raise UsageError(_subcommand_first(args, target))
         runner.check(target)
-    except (UsageError, config.ConfigError, runner.CannotRun):
-        return
-    if target.kind == "script" and target.value in SUBCOMMANDS and not os.path.exists(target.value):
-        return
-    if runner.why_in_process() is not None:
-        return
+    except (config.ConfigError, runner.CannotRun) as error:
+        raise UsageError(str(error)) from None
+    return options, target
+
+
+def _become_python(options: dict, target: "Target") -> "tuple[Settings, list[str]]":
+    """Exec the program's python, traced from its start by the .pth, where it can be; else (or if the exec
+    failed) the settings and warnings for running it here."""
+    from importwatch.tracing import runner
+
+    # The watcher is on here unless asked off (under IMPORTWATCH=1 alone it is off).
     settings, warnings = config.merge(options, watcher=True)
-    try:
-        runner.become_python(target, settings, warnings)  # returns only if the exec failed
-    except OSError:
-        pass
+    if runner.why_in_process() is None:
+        outer = sys.modules.get("importwatch.tracing.session")  # IMPORTWATCH=1 traced this process
+        if outer is not None and outer.active() is not None:
+            outer.before_exec()
+        try:
+            runner.become_python(target, settings, warnings)  # returns only if the exec failed
+        except OSError:
+            pass  # then here, as where it cannot trace
+    return settings, warnings
 
 
 def _subcommand_first(args: "list[str]", target: "Target") -> str:
@@ -158,35 +180,6 @@ def _version_text() -> str:
     from importwatch.tracing.accelerator import HOT_PATH
 
     return f"importwatch {__version__} (hot path: {HOT_PATH})\n"
-
-
-def parse(args: "list[str]") -> "tuple[dict | None, Target | None]":
-    """Options up to the target; the target and everything after it untouched."""
-    texts = {"-h": USAGE, "--help": USAGE, "--version": _version_text() if "--version" in args else ""}
-    parsed = options_then_target(
-        args, "importwatch", texts, config.VALUE_OPTIONS, config.FLAG_OPTIONS, stdin=True
-    )
-    return (None, None) if parsed is None else parsed
-
-
-def _start(options: dict, target: "Target", path0_taken: bool = False) -> "int | Launch":
-    from importwatch.tracing import runner
-
-    try:
-        runner.check(target)
-    except runner.CannotRun as error:
-        return fail(str(error))
-    # The watcher is on here unless asked off (under IMPORTWATCH=1 alone it is off).
-    settings, warnings = config.merge(options, watcher=True)
-    if runner.why_in_process() is None:
-        outer = sys.modules.get("importwatch.tracing.session")  # IMPORTWATCH=1 traced this process
-        if outer is not None and outer.active() is not None:
-            outer.before_exec()
-        try:
-            runner.become_python(target, settings, warnings)  # returns only if the exec failed
-        except OSError:
-            pass  # then here, as where it cannot trace
-    return _in_process(settings, warnings, target, path0_taken)
 
 
 def _in_process(
