@@ -93,6 +93,18 @@ class Running:
             time.sleep(0.02)
         pytest.fail(f"{text!r} did not appear within {timeout} s; stderr:\n{self.stderr}")
 
+    def wait_after(self, marker: str, text: str, timeout: float = 10) -> None:
+        """Wait until TEXT appears on stderr after MARKER's first appearance; fails after TIMEOUT.
+
+        faulthandler writes its dump in small pieces, the program's main thread last: read at once
+        after its first line, the dump may be cut anywhere (CI caught a test reading half of one)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if text in self.stderr.partition(marker)[2]:
+                return
+            time.sleep(0.02)
+        pytest.fail(f"{text!r} did not follow {marker!r} within {timeout} s; stderr:\n{self.stderr}")
+
     def kill(self) -> int:
         if self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGKILL)
