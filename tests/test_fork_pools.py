@@ -78,11 +78,12 @@ class Job:
         with open(log, "wb") as out:
             self.process = in_session(command, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT)
 
-    def wait_for(self, text: str, timeout: float) -> str:
+    def wait_for(self, text: str, timeout: float, pid: int | None = None) -> str:
+        """The output once TEXT is in it (in a line of PID's, when given); fails after TIMEOUT."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             seen = self.log.read_text(errors="replace")
-            if text in seen:
+            if text in (seen if pid is None else "\n".join(lines_of(seen, pid))):
                 return seen
             time.sleep(0.1)
         pytest.fail(f"{text!r} did not appear within {timeout} s:\n{self.log.read_text(errors='replace')}")
@@ -117,6 +118,8 @@ def test_the_childs_watcher_names_the_orphaned_pool(site, tmp_path, group, how, 
     running = group(command, tmp_path, env, tmp_path / "out.txt")
     seen = running.wait_for("its pool has no threads here", 30)
     child, parent = child_of(seen)
+    # The child's line of our heartbeat comes after its MainThread's; the parent's watcher may list its own.
+    seen = running.wait_for("outside: importwatch-heartbeat (tid", 10, pid=child)
     ours = lines_of(seen, child)
     head = next(line for line in ours if "outside: waiting: " in line)
     assert HEADLINE.format(parent=parent) in head and "multiprocessing.set_start_method('spawn')" in head

@@ -98,7 +98,7 @@ def test_hung_init_is_waiting_names_the_so_and_sigkill_names_the_import(exts, st
     pid = proc.process.pid
     watcher = wait_watcher(pid)
     assert os.getppid() not in watcher and all(outside.process_stat(w).ppid != pid for w in watcher)
-    proc.wait_for("outside: MainThread (tid", 10)
+    proc.wait_for("outside: most likely initialising: ", 10)  # after the headline and thread lines
     text = proc.stderr
     head = next(line for line in outside_lines(text) if "outside: waiting:" in line)
     assert f"[importwatch {pid} " in head  # the traced pid, not the watcher's
@@ -232,9 +232,8 @@ def test_native_stack_shows_dlopen_of_a_hung_constructor(exts, start):
     code = f"import ctypes; ctypes.CDLL({str(exts / 'libctor.so')!r})"
     proc = start(traced("--timeout", "1", "-c", code), cwd=exts)
     proc.wait_for("outside: native stacks", 10)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and "never_returns" not in proc.stderr:
-        time.sleep(0.1)
+    # Innermost frame first, one line each: dlopen's comes after the constructor's.
+    proc.wait_after("never_returns", "dlopen", timeout=30)
     lines = outside_lines(proc.stderr)
     frames = [line for line in lines if "outside:     #" in line]
     assert any("dlopen" in line for line in frames), proc.stderr

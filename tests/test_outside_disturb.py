@@ -436,7 +436,7 @@ with importwatch.phase("holding"):
 def test_a_new_heartbeat_is_named_for_the_watcher_when_the_threads_cannot_tell(tmp_path, start):
     proc = start(traced("--timeout", "1", "--stderr", "stalls", "-c", NAMED_UNDER_DOUBT), cwd=tmp_path)
     proc.wait_for("outside: waiting: ", 30)
-    time.sleep(0.5)  # the listing of threads follows the headline
+    proc.wait_after("outside: waiting: ", "importwatch-heartbeat (tid")  # ours: the listing's last
     listing = [line for line in outside_lines(proc.stderr) if "(tid " in line]
     assert any("importwatch-heartbeat (tid" in line and "(ours)" in line for line in listing), proc.stderr
     assert not any("thread-" in line for line in listing), listing
