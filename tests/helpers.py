@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
+import venv
 from pathlib import Path
 
 import pytest
@@ -144,3 +146,20 @@ def deep_import_chain(folder: Path, tail: str = "") -> None:
         "import sys\nsys.path.insert(0, 'chain')\nsys.deepest = -1\nsys.setrecursionlimit(250)\n"
         "try:\n    import n0\nexcept RecursionError:\n    pass\n" + tail + "print(sys.deepest)\n"
     )
+
+
+def venv_with_importwatch(env_dir: Path) -> Path:
+    """A venv made at ENV_DIR (no pip) with importwatch installed the way an editable install does it:
+    00-importwatch.pth and _importwatch_boot.py in site-packages, the checkout's src folder on a path
+    line of a .pth that sorts later. Returns its site-packages."""
+    venv.create(env_dir, with_pip=False, system_site_packages=False)
+    site = venv_site(env_dir)
+    shutil.copy(ROOT / "src" / "importwatch.pth", site / "00-importwatch.pth")
+    shutil.copy(ROOT / "src" / "_importwatch_boot.py", site / "_importwatch_boot.py")
+    (site / "_editable_impl_importwatch.pth").write_text(f"{ROOT / 'src'}\n")
+    return site
+
+
+def venv_site(env_dir: Path) -> Path:
+    """The site-packages of the venv at ENV_DIR."""
+    return next((env_dir / "lib").glob("python3*/site-packages"))

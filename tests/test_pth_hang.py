@@ -13,12 +13,11 @@ import shutil
 import subprocess
 import sys
 import time
-import venv
 from pathlib import Path
 
 import pytest
 
-from helpers import ROOT, Running, clean_env
+from helpers import Running, clean_env, venv_site, venv_with_importwatch
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -28,20 +27,12 @@ PYSPY = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or shutil.
 @pytest.fixture(scope="module")
 def env_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     env_dir = tmp_path_factory.mktemp("venv-pth")
-    venv.create(env_dir, with_pip=False, system_site_packages=False)
-    site = _site(env_dir)
-    shutil.copy(ROOT / "src" / "importwatch.pth", site / "00-importwatch.pth")
-    shutil.copy(ROOT / "src" / "_importwatch_boot.py", site / "_importwatch_boot.py")
-    (site / "_editable_impl_importwatch.pth").write_text(f"{ROOT / 'src'}\n")
+    venv_with_importwatch(env_dir)
     return env_dir
 
 
 def _python(env_dir: Path) -> str:
     return str(env_dir / "bin" / "python")
-
-
-def _site(env_dir: Path) -> Path:
-    return next((env_dir / "lib").glob("python3*/site-packages"))
 
 
 @pytest.fixture
@@ -57,7 +48,7 @@ def hanging_pth(env_dir: Path, tmp_path: Path):
         (modules / "hangmod.py").write_text(
             f"import time\nopen({str(mark)!r}, 'w').close()\ntime.sleep(120)\n"
         )
-        pth = _site(env_dir) / "zz-hang.pth"
+        pth = venv_site(env_dir) / "zz-hang.pth"
         pth.write_text(f"# a comment\n{modules}\n{line}\n")
         added.append(pth)
         return pth
@@ -163,7 +154,7 @@ def test_inspect_says_site_runs_that_pth_line(env_dir: Path, hanging_pth, tmp_pa
 def test_inspect_runs_none_of_the_targets_pth_code(env_dir: Path, tmp_path: Path) -> None:
     marks = tmp_path / "marks"
     marks.mkdir()
-    pth = _site(env_dir) / "zz-mark.pth"
+    pth = venv_site(env_dir) / "zz-mark.pth"
     # Every interpreter that runs this line leaves a file named by its pid.
     pth.write_text(f"import os; open(os.path.join({str(marks)!r}, str(os.getpid())), 'w').close()\n")
     process = subprocess.Popen(

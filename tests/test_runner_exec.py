@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ROOT, clean_env, deep_import_chain
+from helpers import ROOT, clean_env, deep_import_chain, venv_with_importwatch
 from test_side_by_side import RUNNER, _ours_removed, three_ways
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]  # every test here starts processes
@@ -279,6 +279,47 @@ def test_the_runner_s_interpreter_execs_before_runpy_or_anything_after_site_s_pt
     imported = _the_runner_s_own_imports(tmp_path)
     assert "importwatch.cli" in imported
     assert not imported & {"runpy", "sitecustomize", "importlib.util"}, sorted(imported)
+
+
+# A .pth that sorts after importwatch's: each run leaves a line in the file PTH_RUNS names.
+COUNTING_PTH = "import os; open(os.environ['PTH_RUNS'], 'a').write('ran\\n')\n"
+
+
+@pytest.mark.skipif(
+    sys.version_info < (3, 10), reason="3.9 has no sys.orig_argv: its runner execs after site"
+)
+def test_a_pth_after_ours_in_a_venv_runs_under_the_runner_as_often_as_under_plain_python(
+    tmp_path: Path,
+) -> None:
+    """In a venv, site reads site-packages' .pth files twice: in site.venv(), whose first pass comes
+    before site.getsitepackages() names the venv, and again in site.main(). The runner's interpreter
+    execs from importwatch's .pth line in that first pass: a .pth after ours runs in the program's
+    process alone, as often as under plain python, never once more in an interpreter about to go."""
+    env_dir = tmp_path / "venv"
+    pth = venv_with_importwatch(env_dir) / "zz-count.pth"
+    pth.write_text(COUNTING_PTH)
+    python = str(env_dir / "bin" / "python")
+    ways = {
+        "plain": ([python, "-c", "pass"], {}),
+        "runner": ([python, "-m", "importwatch", *QUIET, "-c", "pass"], {}),
+        "IMPORTWATCH=1": ([python, "-c", "pass"], {"IMPORTWATCH": "1", "IMPORTWATCH_STDERR": "none"}),
+        # Tracing on in the runner's interpreter too: it must exec before activating, and say nothing.
+        "runner, IMPORTWATCH=1": (
+            [python, "-m", "importwatch", "--no-watcher", "-c", "pass"],
+            {"IMPORTWATCH": "1"},
+        ),
+    }
+    counts, stderr = {}, {}
+    for name, (command, extra) in ways.items():
+        runs = tmp_path / f"runs-{len(counts)}"
+        env = clean_env(PTH_RUNS=str(runs), **extra)
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, (name, done.stderr)
+        counts[name] = runs.read_text().count("ran") if runs.exists() else 0
+        stderr[name] = done.stderr
+    lines = stderr["runner, IMPORTWATCH=1"]
+    assert lines.count("] start python ") == 1 and "'-m', 'importwatch'" not in lines, lines
+    assert counts["plain"] >= 1 and set(counts.values()) == {counts["plain"]}, counts
 
 
 # -- where the exec cannot trace: the program runs in the runner's process -----------------------

@@ -269,7 +269,11 @@ def why_in_process() -> "str | None":
         return "no sys.executable"
     import site  # loaded at start-up already (-S is handled above)
 
-    folders = list(getattr(site, "getsitepackages", list)())
+    # In a venv, site.getsitepackages() names the venv only once site.venv() has read its .pth files a
+    # first time; the .pth line's exec (cli.exec_at_start) comes in that pass, where sys.prefix is the
+    # venv already. Elsewhere the prefixes add nothing: site's list starts from them.
+    get = getattr(site, "getsitepackages", None)
+    folders = [] if get is None else [*get(), *get([sys.prefix, sys.exec_prefix])]
     if site.ENABLE_USER_SITE:
         folders.append(site.getusersitepackages())
     if not any(os.path.isfile(os.path.join(folder, OUR_PTH)) for folder in folders):
