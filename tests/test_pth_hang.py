@@ -97,6 +97,29 @@ def test_a_pth_line_that_returns_is_a_step_that_ends(env_dir: Path, hanging_pth)
 
 
 @pytest.mark.parametrize("pure", ["0", "1"], ids=["C", "pure"])
+def test_a_pth_line_that_calls_exec_itself_is_one_step(env_dir: Path, hanging_pth, pure: str) -> None:
+    """coverage's a1_coverage.pth runs its code through exec(...): that exec is the line's, not site's,
+    so it is no step of its own (it was one, nested in the line's, naming the same file and line)."""
+    pth = hanging_pth("import sys; exec('import json'); json.dumps(1)")  # its name where plain puts it
+    traced = subprocess.run(
+        [_python(env_dir), "-c", "print('ran')"],
+        capture_output=True,
+        text=True,
+        env=clean_env(IMPORTWATCH="1", IMPORTWATCH_PURE=pure),
+    )
+    assert (traced.returncode, traced.stdout) == (0, "ran\n"), traced.stderr
+    assert "Error processing line" not in traced.stderr, traced.stderr
+    lines = [text.split("] ", 1)[1] for text in traced.stderr.splitlines() if "] " in text]
+    start = lines.index(f"> step .pth {pth}:3")
+    assert lines[start + 1] == "  > json", lines[start:]
+    assert sum(text.strip().startswith("> step .pth ") for text in lines) == sum(
+        text.strip().startswith("< step .pth ") for text in lines
+    )
+    # (site reads a venv's .pth files twice: a step each time, never one inside another)
+    assert all(text == f"> step .pth {pth}:3" for text in lines if text.strip() == f"> step .pth {pth}:3")
+
+
+@pytest.mark.parametrize("pure", ["0", "1"], ids=["C", "pure"])
 def test_a_pth_line_that_fails_prints_site_s_traceback_as_plain_python(
     env_dir: Path, hanging_pth, pure: str
 ) -> None:

@@ -80,10 +80,10 @@ def _traced_exec(path: str) -> "Callable[..., None]":
     if getattr(ACCELERATOR, "door", None) is not None:
 
         def enter(source: "Any", *args: "Any", **kwargs: "Any") -> "tuple | None":
-            tracer = phases._tracer
-            if args or kwargs or tracer is None:
+            tracer, caller = phases._tracer, sys._getframe(1)
+            if args or kwargs or tracer is None or not _site_s_call(caller):
                 return None  # not site's call: the builtin, as it is
-            return tracer, _begin(tracer, path, sys._getframe(1), source)
+            return tracer, _begin(tracer, path, caller, source)
 
         def leave(token: tuple, error: "BaseException | None") -> None:
             tracer, step = token
@@ -96,6 +96,10 @@ def _traced_exec(path: str) -> "Callable[..., None]":
             exec(source, *args, **kwargs)  # not site's call: as the builtin would
             return
         caller = sys._getframe(1)
+        if not _site_s_call(caller):  # the line's own exec(...), at its top level: into its namespace
+            optimized = caller.f_code.co_flags & _CO_OPTIMIZED  # a function's locals are a snapshot
+            exec(source, caller.f_globals, dict(caller.f_locals) if optimized else caller.f_locals)
+            return
         # exec(line) in a function runs in the caller's globals and a copy of its locals: so here.
         scope = (caller.f_globals, dict(caller.f_locals))
         tracer = phases._tracer
@@ -111,6 +115,16 @@ def _traced_exec(path: str) -> "Callable[..., None]":
         tracer.end_step(step, None)
 
     return exec_line
+
+
+# A function's code (inspect.CO_OPTIMIZED), whose frame's locals exec sees as a snapshot.
+_CO_OPTIMIZED = 0x1
+
+
+def _site_s_call(caller: "FrameType") -> bool:
+    """Whether CALLER, which called the exec site finds, is site's addpackage running a .pth line; else
+    the line's own code calls it (coverage's .pth runs its code through exec), in site's globals."""
+    return caller.f_code.co_name == "addpackage"
 
 
 def _begin(tracer: "Tracer", path: str, caller: "FrameType", source: "Any") -> tuple:
