@@ -101,14 +101,14 @@ def test_a_pth_line_that_calls_exec_itself_is_one_step(env_dir: Path, hanging_pt
     """coverage's a1_coverage.pth runs its code through exec(...): that exec is the line's, not site's,
     so it is no step of its own (it was one, nested in the line's, naming the same file and line)."""
     pth = hanging_pth("import sys; exec('import json'); json.dumps(1)")  # its name where plain puts it
+    command = [_python(env_dir), "-c", "print('ran')"]
+    plain = subprocess.run(command, capture_output=True, text=True, env=clean_env())
     traced = subprocess.run(
-        [_python(env_dir), "-c", "print('ran')"],
-        capture_output=True,
-        text=True,
-        env=clean_env(IMPORTWATCH="1", IMPORTWATCH_PURE=pure),
+        command, capture_output=True, text=True, env=clean_env(IMPORTWATCH="1", IMPORTWATCH_PURE=pure)
     )
-    assert (traced.returncode, traced.stdout) == (0, "ran\n"), traced.stderr
-    assert "Error processing line" not in traced.stderr, traced.stderr
+    for run in (plain, traced):
+        assert (run.returncode, run.stdout) == (0, "ran\n"), run.stderr
+        assert "Error processing line" not in run.stderr, run.stderr
     lines = [text.split("] ", 1)[1] for text in traced.stderr.splitlines() if "] " in text]
     start = lines.index(f"> step .pth {pth}:3")
     assert lines[start + 1] == "  > json", lines[start:]

@@ -20,6 +20,10 @@ from test_side_by_side import RUNNER, _ours_removed, three_ways
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]  # every test here starts processes
 
 QUIET = ("--no-watcher", "--stderr", "none")
+# From 3.10 the runner's interpreter execs from importwatch's .pth line, as site starts.
+EXECS_AT_SITE = pytest.mark.skipif(
+    sys.version_info < (3, 10), reason="3.9 has no sys.orig_argv: its runner execs after site"
+)
 
 
 # -- frames below the program ------------------------------------------------------------------
@@ -246,13 +250,11 @@ os.environ["SET_BY_SITECUSTOMIZE"] = "yes"
 """
 
 
-@pytest.mark.skipif(
-    sys.version_info < (3, 10), reason="3.9 has no sys.orig_argv: its runner execs after site"
-)
+@EXECS_AT_SITE
 def test_site_s_own_customising_runs_once_under_the_runner_as_under_plain_python(tmp_path: Path) -> None:
     """The runner's interpreter execs the program's python from importwatch's .pth line, as site starts:
-    a sitecustomize (and a .pth after ours) runs once, in the program's process, as under plain python,
-    and what it puts in os.environ is the program's alone, not passed on by the exec."""
+    a sitecustomize runs once, in the program's process, as under plain python, and what it puts in
+    os.environ is the program's alone, not passed on by the exec."""
     (tmp_path / "custom").mkdir()
     (tmp_path / "custom" / "sitecustomize.py").write_text(SITECUSTOMIZE)
     (tmp_path / "main.py").write_text("import os; print(os.environ.get('SET_BY_SITECUSTOMIZE'))\n")
@@ -268,9 +270,7 @@ def test_site_s_own_customising_runs_once_under_the_runner_as_under_plain_python
         assert run.stderr.count("sitecustomize ran") == 1, (name, run.stderr)
 
 
-@pytest.mark.skipif(
-    sys.version_info < (3, 10), reason="3.9 has no sys.orig_argv: its runner execs after site"
-)
+@EXECS_AT_SITE
 def test_the_runner_s_interpreter_execs_before_runpy_or_anything_after_site_s_pth_files(
     tmp_path: Path,
 ) -> None:
@@ -285,9 +285,7 @@ def test_the_runner_s_interpreter_execs_before_runpy_or_anything_after_site_s_pt
 COUNTING_PTH = "import os; open(os.environ['PTH_RUNS'], 'a').write('ran\\n')\n"
 
 
-@pytest.mark.skipif(
-    sys.version_info < (3, 10), reason="3.9 has no sys.orig_argv: its runner execs after site"
-)
+@EXECS_AT_SITE
 def test_a_pth_after_ours_in_a_venv_runs_under_the_runner_as_often_as_under_plain_python(
     tmp_path: Path,
 ) -> None:
@@ -309,15 +307,14 @@ def test_a_pth_after_ours_in_a_venv_runs_under_the_runner_as_often_as_under_plai
             {"IMPORTWATCH": "1"},
         ),
     }
-    counts, stderr = {}, {}
+    counts = {}
     for name, (command, extra) in ways.items():
         runs = tmp_path / f"runs-{len(counts)}"
         env = clean_env(PTH_RUNS=str(runs), **extra)
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, (name, done.stderr)
         counts[name] = runs.read_text().count("ran") if runs.exists() else 0
-        stderr[name] = done.stderr
-    lines = stderr["runner, IMPORTWATCH=1"]
+    lines = done.stderr  # the last way's: the runner with IMPORTWATCH=1
     assert lines.count("] start python ") == 1 and "'-m', 'importwatch'" not in lines, lines
     assert counts["plain"] >= 1 and set(counts.values()) == {counts["plain"]}, counts
 

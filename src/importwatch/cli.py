@@ -106,16 +106,14 @@ def exec_at_start(args: "list[str]") -> None:
     """`python -m importwatch ARGS`, from importwatch's .pth line as site starts (_importwatch_boot.py):
     exec the program's python at once, where ARGS run a program that the exec traces and nothing needs
     saying first. This interpreter is replaced by the exec anyway: its start is then spared the rest of
-    site, runpy and -m's search (milliseconds), and a sitecustomize or a later .pth runs once, in the
-    program's process, as under plain python. Anything else returns with nothing done or said (a bad
+    site, runpy and -m's search (milliseconds), and a sitecustomize or a later .pth runs in the
+    program's process alone, as often as under plain python. Anything else returns with nothing done or said (a bad
     command line, help, a subcommand, a program the exec cannot trace, an exec that failed): python
     goes on to run `-m importwatch`, which does it the usual way (prepare)."""
     if not args or args[0] in SUBCOMMANDS:
         return
-    try:
-        checked = _checked(
-            args, {}
-        )  # no texts: -h, --help and --version are errors here; prepare prints them
+    try:  # no texts: -h, --help and --version are errors here, and prepare prints them
+        checked = _checked(args, {})
     except UsageError:
         return
     if checked is not None:
