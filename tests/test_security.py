@@ -463,11 +463,39 @@ def test_doctor_still_imports_from_a_relative_pythonpath(tmp_path: Path) -> None
 
 
 # -- 7. SIGTERM and SIGHUP clean up as SIGINT does -------------------------------------------------------
+_TERMINATING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
 def _default_signals() -> None:
     """As a command typed at a terminal gets them: a run under nohup, or in a shell's background
-    job, inherits SIGHUP or SIGINT ignored, and an ignored signal rightly stays ignored."""
-    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    job, inherits SIGHUP or SIGINT ignored, and an ignored signal rightly stays ignored. None is
+    blocked either: the test's own thread may have had one blocked when it forked."""
+    for signum in _TERMINATING:
         signal.signal(signum, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _TERMINATING)
+
+
+def _why_still_running(process: subprocess.Popen) -> str:
+    """What a command that outlived its signal was doing: its signal masks, its kernel wait, then its
+    Python stacks (it runs with -X faulthandler: SIGABRT dumps them), so that a failure says where."""
+    pid = process.pid
+    status = _read(f"/proc/{pid}/status").decode("ascii", "replace").splitlines()
+    masks = [line for line in status if line.startswith(("State", "Threads", "Sig", "ShdPnd"))]
+    kernel = _read(f"/proc/{pid}/stack").decode("ascii", "replace")
+    wchan = _read(f"/proc/{pid}/wchan").decode("ascii", "replace")
+    stats = (_read(f"/proc/{p}/stat").decode("ascii", "replace") for p in os.listdir("/proc") if p.isdigit())
+    children = [line for line in stats if line.rpartition(")")[2].split()[1:2] == [str(pid)]]
+    process.send_signal(signal.SIGABRT)
+    try:
+        _, err = process.communicate(timeout=10)
+    except subprocess.TimeoutExpired:
+        err = "(no stacks: it did not end on SIGABRT either)"
+    for child in children:  # its try leads a group of its own, which the caller's clean-up misses
+        try:
+            os.killpg(int(child.split()[0]), signal.SIGKILL)
+        except OSError:
+            pass
+    return "\n".join([*masks, f"wchan: {wchan}", kernel, "its children:", *children, err])
 
 
 @pytest.mark.slow
@@ -493,15 +521,18 @@ def test_a_signal_kills_the_try_in_flight_and_removes_the_temporary_folder(
     else:
         args = ["doctor", "--import", "hangs", "--no-cuda", "--timeout", "60"]
     process = subprocess.Popen(
-        [sys.executable, "-m", "importwatch", *args], cwd=tmp_path, env=env, stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-        preexec_fn=_default_signals,
+        [sys.executable, "-X", "faulthandler", "-m", "importwatch", *args], cwd=tmp_path, env=env,
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True, preexec_fn=_default_signals,
     )  # fmt: skip
     try:
         assert _wait_for(started.exists, 40), "the try did not start"
         assert any(b"importwatch.watcher" in _read(f"/proc/{pid}/cmdline") for pid in _marked(token))
         process.send_signal(signum)
-        _, err = process.communicate(timeout=30)
+        try:
+            _, err = process.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"still running 30 s after {signum.name}:\n{_why_still_running(process)}")
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
