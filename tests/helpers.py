@@ -127,6 +127,22 @@ def traced(*args: str) -> list[str]:
     return [sys.executable, "-m", "importwatch", *args]
 
 
+def watchers_of(pid: int) -> list[int]:
+    """Live watcher processes (not zombies) whose command line names PID."""
+    found = []
+    needle = f"\0--pid\0{pid}\0".encode()
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            command = Path(f"/proc/{name}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"importwatch.watcher" in command and needle in command:
+            found.append(int(name))
+    return found
+
+
 def torch_dir() -> Path | None:
     """The folder of the torch package the running interpreter would import, without importing it."""
     spec = importlib.util.find_spec("torch")

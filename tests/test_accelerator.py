@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from cbuild import compile_extension
-from helpers import ROOT, clean_env, deep_import_chain, importwatch
+from helpers import ROOT, clean_env, deep_import_chain, importwatch, watchers_of
 from importwatch.events.read import seconds_of_day
 from test_side_by_side import MAIN_PROBE, _number, _ours_removed, three_ways
 
@@ -251,23 +251,14 @@ def test_top_level_imports_in_a_row_cost_neither_hook_a_python_call(tmp_path: Pa
 
 
 _FSTAT = re.compile(r"^(\d+) +(?:newfstatat|fstat)\((\d+), ")
-# A path the program stats after the watcher is up: strace's lines after it are the ones counted.
+# A path the program stats once its watcher runs: strace's lines after it are the ones counted.
 COUNTED_FROM = "/importwatch-test-counted-from-here"
-# Program text: wait (up to 30 s) until the program's watcher runs, its command line naming the pid.
-WATCHER_UP = """import os, time
-def watcher_up():
-    me = b"--pid\\0%d\\0" % os.getpid()
-    for entry in os.listdir("/proc"):
-        try:
-            with open("/proc/%s/cmdline" % entry, "rb") as file:
-                words = file.read()
-        except OSError:
-            continue
-        if b"importwatch.watcher" in words and me in words:
-            return True
-    return False
-deadline = time.monotonic() + 30
-while not watcher_up() and time.monotonic() < deadline:
+# Program text: say its pid, then wait for the test's word (given once the program's watcher runs).
+AWAIT_GO = """import os, time
+with open("pid.tmp", "w") as file:
+    file.write(str(os.getpid()))
+os.rename("pid.tmp", "pid")
+while not os.path.exists("go"):
     time.sleep(0.01)
 """
 
@@ -297,7 +288,7 @@ def test_a_top_level_import_looks_only_at_the_descriptors_lines_go_to(tmp_path: 
         (tmp_path / f"m{index}.py").write_text("x = 1\n")
     (tmp_path / "warm.py").write_text("")
     (tmp_path / "main.py").write_text(
-        WATCHER_UP
+        AWAIT_GO
         + "import warm\n"  # the first step to find the watcher's start ended
         + f"os.path.exists({COUNTED_FROM!r})\n"
         + "".join(f"import m{index}\n" for index in range(50))
@@ -305,13 +296,24 @@ def test_a_top_level_import_looks_only_at_the_descriptors_lines_go_to(tmp_path: 
     trace = tmp_path / "trace.txt"
     command = ["strace", "-f", "-qq", "-e", "trace=fstat,newfstatat", "-o", str(trace)]
     command += [sys.executable, "-m", "importwatch", "--watcher", *options, "main.py"]
-    run = subprocess.run(
-        command, cwd=tmp_path, env=clean_env(**C), capture_output=True, text=True, timeout=60
+    running = subprocess.Popen(
+        command, cwd=tmp_path, env=clean_env(**C), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
-    assert run.returncode == 0, run.stderr
-    lines = trace.read_text().splitlines()
-    program = lines[0].split()[0]  # the runner execs the program in its own process
-    lines = [line for line in lines if line.split(maxsplit=1)[0] == program]
+    try:
+        pid_file = tmp_path / "pid"
+        deadline = time.monotonic() + 30
+        while not (pid_file.exists() and watchers_of(int(pid_file.read_text()))):
+            assert time.monotonic() < deadline and running.poll() is None, "no watcher came"
+            time.sleep(0.01)
+        (tmp_path / "go").touch()
+        _, err = running.communicate(timeout=60)
+    finally:
+        if running.poll() is None:
+            running.kill()
+            running.wait()
+    assert running.returncode == 0, err
+    program = pid_file.read_text()  # the main thread's lines: the heartbeat's looks are its own
+    lines = [line for line in trace.read_text().splitlines() if line.split(maxsplit=1)[0] == program]
     counted = next(at for at, line in enumerate(lines) if COUNTED_FROM in line)
     ours = _ours_looked_at(lines)
     assert len(ours) >= 2, ours  # stderr's copy and the watcher's pipe, each looked at now and then

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from cbuild import FIXTURES, compile_extension, compile_shared
-from helpers import clean_env, importwatch, traced
+from helpers import clean_env, importwatch, traced, watchers_of
 from importwatch.facts import process as outside
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
@@ -29,22 +29,6 @@ def exts(tmp_path_factory: pytest.TempPathFactory) -> Path:
     compile_extension(OUTSIDE / "init_ext.c", out, "initext")
     compile_shared(OUTSIDE / "ctor_lib.c", out / "libctor.so")
     return out
-
-
-def watchers_of(pid: int) -> list[int]:
-    """Live watcher processes (not zombies) whose command line names PID."""
-    found = []
-    needle = f"\0--pid\0{pid}\0".encode()
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            command = Path(f"/proc/{name}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if b"importwatch.watcher" in command and needle in command:
-            found.append(int(name))
-    return found
 
 
 def assert_watcher_leaves(pid: int, watcher: list[int], reaped: bool = False) -> None:
